@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs one worker or ps server of a parameter-server cluster on this host.
+#   launch/serve.sh CONFIG TYPE:INDEX        e.g. launch/serve.sh configs/parameter_server.yaml ps:0
+# TF_CONFIG, when set, gives the addresses (and the task, unless TYPE:INDEX is given).
+set -euo pipefail
+config="$1"; shift
+exec tfdist serve "$config" ${1:+--task "$1"}

@@ -1,0 +1,32 @@
+"""tfdist: Keras 3 models trained under tf.distribute strategies from one YAML file."""
+
+import setuptools
+
+# Ranges are those tested (see BUILD_NOTES.md). TensorFlow comes through an extra so that GPU
+# users get the CUDA build and CPU users the small one; one of them is required.
+TENSORFLOW = "2.21.*"
+
+setuptools.setup(
+    name="tfdist",
+    version="0.1.0",
+    description="Keras 3 distribution strategies, launcher and cluster config for TensorFlow",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["tfdist", "tfdist.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "keras>=3.15.1,<3.16",
+        # tensorflow-cpu 2.21 does not depend on TensorBoard; keras.callbacks.TensorBoard needs it.
+        "tensorboard>=2.21,<2.22",
+        "absl-py>=2.1,<3",
+        "PyYAML>=6.0,<7",
+        "portpicker>=1.6,<2",
+    ],
+    extras_require={
+        "cpu": [f"tensorflow-cpu=={TENSORFLOW}"],
+        "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW}"],
+        "examples": ["scikit-learn>=1.5,<2"],
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2"],
+    },
+    entry_points={"console_scripts": ["tfdist=tfdist.cli.main:main"]},
+)

@@ -1,0 +1,59 @@
+"""`tfdist check` and the CLI's handling of bad commands and flags, run as a user runs them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CONFIGS, REPO
+
+
+def tfdist(*args, env=None):
+  return subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, capture_output=True,
+                        text=True, timeout=60, env=env)
+
+
+def test_check_shows_each_tasks_tf_config_and_batch():
+  result = tfdist("check", str(CONFIGS / "multi_worker_mirrored.yaml"), "--task", "worker:1")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0] == f"{CONFIGS / 'multi_worker_mirrored.yaml'}: valid"
+  worker1 = next(line for line in lines if line.startswith("  worker:1: "))
+  assert worker1.endswith("<- this process")
+  document = json.loads(worker1[len("  worker:1: "):-len("  <- this process")])
+  assert document["task"] == {"type": "worker", "index": 1}
+  assert document["cluster"] == {"worker": ["127.0.0.1:<port>", "127.0.0.1:<port>"]}
+  assert "strategy: multi_worker_mirrored, replicas in sync: 2 (0 GPU(s) per machine)" in lines
+  assert "batch: global 64, per replica 32" in lines
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "mirrored.yaml", "central_storage.yaml",
+                                  "parameter_server.yaml", "multi_worker_hosts.yaml",
+                                  "tf_config.json"])
+def test_check_accepts_every_example_config(name):
+  result = tfdist("check", str(CONFIGS / name))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith(f"{CONFIGS / name}: valid\n")
+
+
+def test_check_reads_tf_config_from_the_environment():
+  tf_config = {"cluster": {"chief": ["127.0.0.1:3001"], "worker": ["127.0.0.1:3002"]},
+               "task": {"type": "worker", "index": 0}}
+  result = tfdist("check", env={"PATH": "/usr/bin", "TF_CONFIG": json.dumps(tf_config)})
+  assert result.returncode == 0, result.stderr
+  assert "  worker:0: " + json.dumps(tf_config) + "  <- this process" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["launch-everything"], "tfdist: the command must be one of check, serve. "
+                            "Received: 'launch-everything'"),
+    (["check", "--no-such-flag"], "tfdist: Unknown command line flag 'no-such-flag'"),
+    (["check", str(CONFIGS / "mirrored.yaml"), "--task", "boss:0"],
+     "tfdist check: --task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator. "
+     "Received: 'boss:0'"),
+])
+def test_usage_mistakes_exit_2_with_one_line(args, message):
+  result = tfdist(*args)
+  assert result.returncode == 2
+  assert result.stderr.splitlines()[0] == message

@@ -1,0 +1,112 @@
+"""Loading good configs: normalisation, strategy inference, and precedence
+(defaults < file < TF_CONFIG < --task)."""
+
+import json
+
+import pytest
+
+from tfdist import load_config
+from tfdist.config import (ClusterConfig, MirroredOptions, MultiWorkerMirroredOptions,
+                           TaskConfig, config_to_dict)
+from tests.conftest import CONFIGS
+
+WORKERS = ["127.0.0.1:2001", "127.0.0.1:2002"]
+
+
+def tf_config(cluster, task_type, index):
+  return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def test_defaults_are_one_device():
+  config = load_config(None, environ={})
+  assert config.strategy.name == "default"
+  assert config.cluster.is_empty and config.task is None
+
+
+@pytest.mark.parametrize("name", ["mirrored", "Mirrored", "MirroredStrategy", "mirrored-strategy"])
+def test_strategy_names_are_normalised(name):
+  assert load_config({"strategy": name}, environ={}).strategy.name == "mirrored"
+
+
+def test_multi_worker_mirrored_aliases():
+  config = load_config({"strategy": "MultiWorkerMirroredStrategy"}, environ={})
+  assert config.strategy.name == "multi_worker_mirrored"
+
+
+def test_strategy_options_sit_beside_the_name():
+  config = load_config({"strategy": {"name": "mirrored", "cross_device_ops": "nccl",
+                                     "devices": ["/gpu:0", "/gpu:1"]}}, environ={})
+  assert config.strategy.options == MirroredOptions(("/gpu:0", "/gpu:1"), "nccl")
+
+
+@pytest.mark.parametrize("cluster,expected", [
+    ({"worker": 2}, "multi_worker_mirrored"),
+    ({"chief": 1, "worker": 1}, "multi_worker_mirrored"),
+    ({"chief": 1, "worker": 2, "ps": 1}, "parameter_server"),
+    ({"worker": 1}, "default"),
+])
+def test_strategy_is_inferred_from_the_cluster(cluster, expected):
+  assert load_config({"cluster": cluster}, environ={}).strategy.name == expected
+
+
+def test_plain_tf_config_json_file_is_a_config():
+  config = load_config(CONFIGS / "tf_config.json", environ={})
+  assert config.strategy.name == "multi_worker_mirrored"
+  assert config.task == TaskConfig("chief", 0)
+  assert config.cluster.addresses == {"chief": ("127.0.0.1:12221",),
+                                      "worker": ("127.0.0.1:12222",)}
+
+
+def test_tf_config_extras_from_kubeflow_are_accepted():
+  document = {"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": 1},
+              "environment": "cloud", "rpc_layer": "grpc"}
+  assert load_config(document, environ={}).task == TaskConfig("worker", 1)
+
+
+def test_ipv6_addresses_are_accepted():
+  config = load_config({"cluster": {"worker": ["[::1]:2001", "[::1]:2002"]}}, environ={})
+  assert config.cluster.worker == 2
+
+
+def test_tf_config_gives_addresses_and_task_over_file_counts(write_config):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                      "training: {global_batch_size: 64}\n")
+  config = load_config(path, environ={"TF_CONFIG": tf_config({"worker": WORKERS}, "worker", 1)})
+  assert config.cluster.addresses == {"worker": tuple(WORKERS)}
+  assert config.task == TaskConfig("worker", 1)
+  assert config.training.global_batch_size == 64  # the file's other sections are kept
+
+
+def test_tf_config_task_beats_file_task_and_task_flag_beats_both(write_config):
+  path = write_config(f"cluster: {{worker: {json.dumps(WORKERS)}}}\n"
+                      "task: {type: worker, index: 0}\n")
+  environ = {"TF_CONFIG": tf_config({"worker": WORKERS}, "worker", 1)}
+  assert load_config(path, environ={}).task == TaskConfig("worker", 0)
+  assert load_config(path, environ=environ).task == TaskConfig("worker", 1)
+  assert load_config(path, environ=environ, task="worker:0").task == TaskConfig("worker", 0)
+
+
+def test_tf_config_alone_makes_the_config():
+  environ = {"TF_CONFIG": tf_config({"worker": WORKERS}, "worker", 0)}
+  config = load_config(None, environ=environ)
+  assert config.strategy.name == "multi_worker_mirrored"
+  assert config.source is None
+
+
+def test_tfdist_config_env_names_the_file_for_no_argument_loads():
+  environ = {"TFDIST_CONFIG": str(CONFIGS / "mirrored.yaml")}
+  config = load_config(None, environ=environ)
+  assert config.strategy.name == "mirrored"
+  assert config.devices.logical_cpus == 2
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.iterdir()), ids=lambda p: p.name)
+def test_every_example_config_loads_and_round_trips(path):
+  config = load_config(path, environ={})
+  assert load_config(config_to_dict(config), environ={}) == config
+
+
+def test_multi_worker_example_has_counts_until_launched():
+  config = load_config(CONFIGS / "multi_worker_mirrored.yaml", environ={})
+  assert config.cluster == ClusterConfig(worker=2)
+  assert config.strategy.options == MultiWorkerMirroredOptions("ring", 120.0, 0)

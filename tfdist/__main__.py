@@ -1,0 +1,4 @@
+from tfdist.cli.main import main
+
+if __name__ == "__main__":
+  main()

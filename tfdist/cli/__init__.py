@@ -1,0 +1,1 @@
+"""The `tfdist` command line."""

@@ -1,0 +1,66 @@
+"""Replica counts and batch sizes, predicted from a config without TensorFlow.
+
+`tfdist check` prints these before anything starts; the training wrapper uses the strategy's
+own `num_replicas_in_sync` and the same `batch_sizes` arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfdist.config.schema import Config, TrainingConfig
+from tfdist.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizes:
+  """Examples per training step.
+
+  Attributes:
+    replicas: replicas that each take a share of a step's batch.
+    global_batch_size: examples per step over all replicas; None when the config gives none.
+    per_replica_batch_size: examples per step on each replica; None likewise.
+  """
+  replicas: int
+  global_batch_size: int | None
+  per_replica_batch_size: int | None
+
+
+def replica_count(config: Config, local_gpus: int = 0) -> int:
+  """How many replicas the config's strategy will have.
+
+  Args:
+    config: a validated config.
+    local_gpus: GPUs on each machine (every machine of a cluster is assumed alike).
+
+  A parameter-server step runs on one worker at a time, so its replicas are that worker's
+  devices; logical CPU devices count only for the single-machine strategies that use them.
+  """
+  options, name = config.strategy.options, config.strategy.name
+  local = local_gpus or max(config.devices.logical_cpus, 1)
+  if name == "mirrored":
+    return len(options.devices) or local
+  if name == "central_storage":
+    return len(options.compute_devices) or local
+  if name == "multi_worker_mirrored":
+    return max(config.cluster.training_tasks, 1) * max(local_gpus, 1)
+  if name == "parameter_server":
+    return max(local_gpus, 1)
+  return 1
+
+
+def batch_sizes(training: TrainingConfig, replicas: int) -> BatchSizes:
+  """Derives the global and per-replica batch sizes from whichever the config gives.
+
+  Raises:
+    ConfigError: the global batch does not split evenly over the replicas.
+  """
+  global_batch, per_replica = training.global_batch_size, training.per_replica_batch_size
+  if per_replica is not None:
+    global_batch = per_replica * replicas
+  elif global_batch is not None:
+    if global_batch % replicas:
+      raise ConfigError(f"must be a multiple of the {replicas} replicas",
+                        key="training.global_batch_size", received=global_batch)
+    per_replica = global_batch // replicas
+  return BatchSizes(replicas, global_batch, per_replica)

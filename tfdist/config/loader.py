@@ -1,0 +1,347 @@
+"""Loads a config strictly: YAML or TF_CONFIG JSON in, a validated `Config` out.
+
+Precedence, lowest first:
+1. the defaults of `schema`;
+2. the config file (or mapping);
+3. the environment's `TF_CONFIG`: its cluster gives the addresses (its job sizes must match the
+   file's, if the file has a cluster) and its task sets the task;
+4. the `task` argument (the CLI's `--task`).
+
+Only `yaml.safe_load` reads files, so YAML tags that construct objects are refused. Nothing here
+imports TensorFlow: a bad config fails in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+from tfdist.config import rules
+from tfdist.config.schema import (JOBS, STRATEGIES, STRATEGY_OPTIONS, CheckpointConfig,
+                                  ClusterConfig, Config, DevicesConfig, StrategyConfig,
+                                  TaskConfig, TensorBoardConfig, TrainingConfig)
+from tfdist.config.tf_config import parse_tf_config, split_address
+from tfdist.errors import ConfigError
+
+CONFIG_ENV = "TFDIST_CONFIG"
+"""Names the config file of a launched process; `load_config()` reads it."""
+
+_SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
+             "devices": DevicesConfig, "training": TrainingConfig,
+             "checkpoint": CheckpointConfig, "tensorboard": TensorBoardConfig}
+# Keys TensorFlow's own TF_CONFIG documents carry beside cluster and task.
+_TF_CONFIG_EXTRAS = ("environment", "rpc_layer")
+_BOOLEAN_HINT = ("YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the value")
+
+
+def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+  """Loads and validates a config.
+
+  Args:
+    source: a YAML or TF_CONFIG-JSON file path, or a mapping of the same shape. None reads the
+      file named by `$TFDIST_CONFIG`, else makes the config from `$TF_CONFIG` alone, else gives
+      the default (one device).
+    task: `TYPE:INDEX`, overriding the file's and TF_CONFIG's task.
+    environ: the environment to read TF_CONFIG from; defaults to `os.environ`.
+
+  Returns:
+    The validated, frozen `Config`.
+
+  Raises:
+    ConfigError: a rule is broken; the message is one line naming the source and key.
+
+  ```python
+  config = tfdist.load_config("configs/mirrored.yaml")
+  strategy = tfdist.make_strategy(config)
+  ```
+  """
+  environ = os.environ if environ is None else environ
+  if source is None and environ.get(CONFIG_ENV):
+    source = environ[CONFIG_ENV]
+  name, document = _read(source)
+  try:
+    config = _parse(document, name)
+  except ConfigError as e:
+    raise e.from_source(name) from None
+  if "TF_CONFIG" in environ:
+    try:
+      config = _merge_tf_config(config, parse_tf_config(environ["TF_CONFIG"]))
+    except ConfigError as e:
+      raise e.from_source("TF_CONFIG") from None
+  if task is not None:
+    config = dataclasses.replace(config, task=parse_task_flag(task))
+  config = rules.infer_strategy(config)
+  rules.check(config)
+  return config
+
+
+def parse_task_flag(text: str, source: str = "--task") -> TaskConfig:
+  """Parses `TYPE:INDEX` (as `--task worker:1`) into a `TaskConfig`."""
+  job, sep, index = str(text).partition(":")
+  if not sep or job not in JOBS or not index.isdigit():
+    raise ConfigError(f"must be TYPE:INDEX with TYPE one of {', '.join(JOBS)}",
+                      source=source, received=text)
+  return TaskConfig(job, int(index))
+
+
+def normalize_strategy_name(name: Any) -> str:
+  """Maps `MirroredStrategy`, `multi-worker-mirrored`, ... to a name of `STRATEGIES`."""
+  if isinstance(name, bool):
+    raise ConfigError(f"must be one of {', '.join(STRATEGIES)}; {_BOOLEAN_HINT}",
+                      key="strategy.name", received=name)
+  if not isinstance(name, str):
+    raise ConfigError(f"must be one of {', '.join(STRATEGIES)}", key="strategy.name",
+                      received=name)
+  squashed = name.lower().replace("_", "").replace("-", "").replace(" ", "")
+  squashed = squashed.removesuffix("strategy")
+  for canonical in STRATEGIES:
+    if canonical.replace("_", "") == squashed:
+      return canonical
+  raise ConfigError(f"must be one of {', '.join(STRATEGIES)}", key="strategy.name",
+                    received=name)
+
+
+def build_section(cls: type, data: Any, key: str = "") -> Any:
+  """Builds the dataclass `cls` from a mapping, strictly.
+
+  Unknown keys, wrong types and broken field rules raise `ConfigError` naming `key.field`.
+  """
+  if data is None:
+    data = {}
+  if not isinstance(data, Mapping):
+    raise ConfigError("must be a mapping", key=key or None, received=data)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name, value in data.items():
+    path = f"{key}.{name}" if key else str(name)
+    if name not in fields:
+      known = ", ".join(fields) or "none"
+      raise ConfigError(f"unknown key; the keys here are: {known}", key=path, received=name)
+    value = _convert(value, hints[name], path)
+    check, text = fields[name].metadata.get("rule", (None, None))
+    if check is not None and value is not None and not check(value):
+      raise ConfigError(text, key=path, received=value)
+    kwargs[name] = value
+  return cls(**kwargs)
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+  """Checks `value` against a type hint of the schema and converts lists to tuples."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin in (Union, types.UnionType):
+    if value is None and type(None) in args:
+      return None
+    (inner,) = [a for a in args if a is not type(None)]
+    return _convert(value, inner, key)
+  if origin is Literal:
+    choices = ", ".join(map(str, args))
+    if isinstance(value, bool):
+      raise ConfigError(f"must be one of {choices}; {_BOOLEAN_HINT}", key=key, received=value)
+    if value not in args:
+      raise ConfigError(f"must be one of {choices}", key=key, received=value)
+    return value
+  if origin is tuple:
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"must be a list of {args[0].__name__}", key=key, received=value)
+    return tuple(_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+  if hint is bool:
+    if not isinstance(value, bool):
+      raise ConfigError("must be true or false", key=key, received=value)
+  elif hint is int:
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise ConfigError("must be an integer", key=key, received=value)
+  elif hint is float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ConfigError("must be a number", key=key, received=value)
+    return float(value)
+  elif hint is str:
+    if isinstance(value, bool):
+      raise ConfigError(f"must be a string; {_BOOLEAN_HINT}", key=key, received=value)
+    if not isinstance(value, str):
+      raise ConfigError("must be a string", key=key, received=value)
+  return value
+
+
+def _read(source) -> tuple[str | None, Any]:
+  """Returns (name for messages, parsed document) of a path, a mapping or None."""
+  if source is None:
+    return None, {}
+  if isinstance(source, Mapping):
+    return "<dict>", source
+  name = os.fspath(source)
+  try:
+    with open(name, encoding="utf-8") as f:
+      text = f.read()
+  except OSError as e:
+    raise ConfigError(f"cannot be read ({e.strerror})", source=name) from None
+  try:
+    # YAML is a superset of JSON: one parser reads both forms.
+    document = yaml.safe_load(text)
+  except yaml.constructor.ConstructorError as e:
+    raise ConfigError("uses a YAML tag that constructs an object; tfdist reads plain YAML only",
+                      source=name, key=_yaml_line(e), received=str(e.problem)) from None
+  except yaml.YAMLError as e:
+    raise ConfigError(f"is not valid YAML ({getattr(e, 'problem', None) or e})",
+                      source=name, key=_yaml_line(e)) from None
+  if document is None:
+    raise ConfigError("is empty; give at least a strategy or a cluster", source=name)
+  return name, document
+
+
+def _yaml_line(error) -> str | None:
+  mark = getattr(error, "problem_mark", None)
+  return f"line {mark.line + 1}" if mark else None
+
+
+def _parse(document: Any, name: str | None) -> Config:
+  if not isinstance(document, Mapping):
+    raise ConfigError("must be a mapping of sections (cluster, task, strategy, ...)",
+                      received=document)
+  document = _drop_tf_config_extras(document)
+  kwargs: dict[str, Any] = {"source": name}
+  for key, value in document.items():
+    if key not in _SECTIONS:
+      raise ConfigError(f"unknown section; the sections are: {', '.join(_SECTIONS)}",
+                        key=str(key), received=key)
+    if key == "cluster":
+      kwargs[key] = parse_cluster(value)
+    elif key == "task":
+      kwargs[key] = _parse_task(value)
+    elif key == "strategy":
+      kwargs[key] = _parse_strategy(value)
+    else:
+      kwargs[key] = build_section(_SECTIONS[key], value, key)
+  if "strategy" not in document:
+    kwargs["strategy"] = None  # Inferred from the final cluster by rules.infer_strategy.
+  return Config(**kwargs)
+
+
+def _drop_tf_config_extras(document: Mapping) -> Mapping:
+  if document.get("rpc_layer", "grpc") != "grpc":
+    raise ConfigError("must be grpc, the only RPC layer of TensorFlow's servers",
+                      key="rpc_layer", received=document["rpc_layer"])
+  return {k: v for k, v in document.items() if k not in _TF_CONFIG_EXTRAS}
+
+
+def parse_cluster(data: Any, key: str = "cluster") -> ClusterConfig:
+  """Reads a cluster: each job a count or a list of `host:port`."""
+  if data is None:
+    return ClusterConfig()
+  if not isinstance(data, Mapping):
+    raise ConfigError("must be a mapping of job names to address lists or counts",
+                      key=key, received=data)
+  counts, addresses = {}, {}
+  for job, value in data.items():
+    path = f"{key}.{job}"
+    if job not in JOBS:
+      raise ConfigError(f"unknown job; the jobs are: {', '.join(JOBS)}", key=path, received=job)
+    if isinstance(value, int) and not isinstance(value, bool):
+      if value < 0:
+        raise ConfigError("a count must be 0 or greater", key=path, received=value)
+      counts[job] = value
+    elif isinstance(value, list):
+      for i, address in enumerate(value):
+        try:
+          split_address(address)
+        except ConfigError as e:
+          raise e.within(f"{path}[{i}]") from None
+      addresses[job] = tuple(value)
+    else:
+      raise ConfigError('must be a count of tasks or a list of "host:port" addresses',
+                        key=path, received=value)
+  if counts and addresses:
+    raise ConfigError("must give every job as counts (a cluster on this machine) or every job "
+                      "as address lists (a real cluster), not both", key=key, received=dict(data))
+  addresses = {job: a for job, a in addresses.items() if a}
+  if addresses:
+    rules.check_unique_addresses(addresses, key)
+    return ClusterConfig(**{job: len(a) for job, a in addresses.items()}, addresses=addresses)
+  return ClusterConfig(**counts)
+
+
+def _parse_task(data: Any) -> TaskConfig:
+  if isinstance(data, str):
+    return parse_task_flag(data, source=None) if ":" in data else TaskConfig(data, 0)
+  task = build_section(_TaskFields, data, "task")
+  if task.type is None:
+    raise ConfigError("needs a type: chief, worker, ps or evaluator", key="task.type")
+  return TaskConfig(task.type, task.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaskFields:
+  type: str | None = None
+  index: int = 0
+
+
+def _parse_strategy(data: Any) -> StrategyConfig:
+  if isinstance(data, str) or isinstance(data, bool):
+    data = {"name": data}
+  if not isinstance(data, Mapping):
+    raise ConfigError("must be a strategy name or a mapping with a name and its options",
+                      key="strategy", received=data)
+  if "name" not in data:
+    raise ConfigError(f"needs a name: one of {', '.join(STRATEGIES)}", key="strategy.name")
+  name = normalize_strategy_name(data["name"])
+  options = {k: v for k, v in data.items() if k != "name"}
+  return StrategyConfig(name, make_options(name, options))
+
+
+def make_options(name: str, options: Mapping) -> Any:
+  """Builds the options dataclass of strategy `name`, strictly (shared by YAML and functions)."""
+  cls = STRATEGY_OPTIONS[name]
+  for key, value in options.items():
+    if key not in {f.name for f in dataclasses.fields(cls)}:
+      known = ", ".join(f.name for f in dataclasses.fields(cls)) or "none"
+      raise ConfigError(f"is not an option of {name}; its options are: {known}",
+                        key=f"strategy.{key}", received=value)
+  return build_section(cls, options, "strategy")
+
+
+def _merge_tf_config(config: Config, document: Mapping) -> Config:
+  """Applies TF_CONFIG over the file: its addresses and its task win."""
+  document = _drop_tf_config_extras(document)
+  unknown = sorted(set(document) - {"cluster", "task"})
+  if unknown:
+    raise ConfigError("unknown key; TF_CONFIG holds cluster and task", key=unknown[0],
+                      received=unknown[0])
+  changes = {}
+  if "cluster" in document:
+    env_cluster = parse_cluster(document["cluster"])
+    if env_cluster.addresses is None and not env_cluster.is_empty:
+      raise ConfigError('must list "host:port" addresses, not counts', key="cluster",
+                        received=dict(document["cluster"]))
+    if not config.cluster.is_empty and config.cluster.counts() != env_cluster.counts():
+      raise ConfigError(f"must have the job sizes of {config.source or 'the config'} "
+                        f"({config.cluster.counts()})", key="cluster",
+                        received=env_cluster.counts())
+    changes["cluster"] = env_cluster
+  if "task" in document:
+    changes["task"] = _parse_task(document["task"])
+  return dataclasses.replace(config, **changes)
+
+
+
+def config_to_dict(config: Config) -> dict:
+  """The config as plain data in the YAML's shape; `load_config` of it gives `config` back."""
+  cluster = config.cluster
+  document = {"cluster": ({job: list(cluster.addresses[job]) for job in cluster.jobs}
+                          if cluster.has_addresses else cluster.counts())}
+  if config.task is not None:
+    document["task"] = {"type": config.task.type, "index": config.task.index}
+  document["strategy"] = {"name": config.strategy.name,
+                          **_plain(dataclasses.asdict(config.strategy.options))}
+  for section in ("devices", "training", "checkpoint", "tensorboard"):
+    document[section] = _plain(dataclasses.asdict(getattr(config, section)))
+  return document
+
+
+def _plain(data: dict) -> dict:
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}

@@ -1,0 +1,110 @@
+"""Rules that span sections of a config: a task against its cluster, a strategy against its
+cluster, batch settings against each other.
+
+TensorFlow accepts most of these mistakes without a word and then hangs or silently trains on
+one worker (see BUILD_NOTES.md); tfdist refuses them before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from tfdist.config.schema import Config, StrategyConfig, STRATEGY_OPTIONS
+from tfdist.config.tf_config import split_address
+from tfdist.errors import ConfigError
+
+_SINGLE_MACHINE = ("default", "one_device", "mirrored", "central_storage")
+
+
+def infer_strategy(config: Config) -> Config:
+  """Fills in a strategy the config left out, from its cluster."""
+  if config.strategy is not None:
+    return config
+  cluster = config.cluster
+  if cluster.ps:
+    name = "parameter_server"
+  elif cluster.training_tasks > 1:
+    name = "multi_worker_mirrored"
+  else:
+    name = "default"
+  return dataclasses.replace(config, strategy=StrategyConfig(name, STRATEGY_OPTIONS[name]()))
+
+
+def check(config: Config) -> None:
+  """Raises `ConfigError` for the first rule `config` breaks."""
+  try:
+    _check_cluster(config)
+    _check_task(config)
+    _check_strategy(config)
+    _check_training(config)
+  except ConfigError as e:
+    raise e.from_source(config.source) from None
+
+
+def check_unique_addresses(addresses: Mapping[str, tuple[str, ...]], key: str = "cluster") -> None:
+  seen = {}
+  for job, job_addresses in addresses.items():
+    for i, address in enumerate(job_addresses):
+      host, port = split_address(address)
+      where = f"{key}.{job}[{i}]"
+      if (host, port) in seen:
+        raise ConfigError(f"must differ from every other address; {seen[host, port]} has it too",
+                          key=where, received=address)
+      seen[host, port] = where
+
+
+def _check_cluster(config: Config) -> None:
+  cluster = config.cluster
+  for job in ("chief", "evaluator"):
+    if cluster.count(job) > 1:
+      raise ConfigError(f"a cluster has at most one {job}", key=f"cluster.{job}",
+                        received=cluster.count(job))
+
+
+def _check_task(config: Config) -> None:
+  task, cluster = config.task, config.cluster
+  if task is None:
+    return
+  if cluster.is_empty:
+    raise ConfigError("is set but the cluster is empty; TensorFlow would silently train on one "
+                      "worker: give the cluster too", key="task", received=str(task))
+  if task.type not in cluster.jobs:
+    raise ConfigError(f"must be a job of the cluster ({', '.join(cluster.jobs)})",
+                      key="task.type", received=task.type)
+  if not 0 <= task.index < cluster.count(task.type):
+    raise ConfigError(f"must be from 0 to {cluster.count(task.type) - 1}: the cluster has "
+                      f"{cluster.count(task.type)} {task.type} task(s)", key="task.index",
+                      received=task.index)
+
+
+def _check_strategy(config: Config) -> None:
+  name, cluster = config.strategy.name, config.cluster
+  if name in _SINGLE_MACHINE and (cluster.training_tasks > 1 or cluster.ps):
+    raise ConfigError(f"{name} runs on one machine; a cluster of {cluster.training_tasks} "
+                      "training tasks needs multi_worker_mirrored (or parameter_server with ps "
+                      "tasks)", key="strategy.name", received=name)
+  if name == "multi_worker_mirrored" and cluster.ps:
+    raise ConfigError("multi_worker_mirrored takes no ps tasks (TensorFlow waits forever for "
+                      "them); remove cluster.ps or use parameter_server", key="cluster.ps",
+                      received=cluster.ps)
+  if name == "parameter_server":
+    if config.cluster.is_empty:
+      return  # Cluster from TF_CONFIG or `tfdist launch` later; checked then.
+    for job, rule in (("ps", "at least one ps task"), ("worker", "at least one worker task"),
+                      ("chief", "one chief task, the coordinator that runs the training script")):
+      if not cluster.count(job):
+        raise ConfigError(f"parameter_server needs {rule}", key=f"cluster.{job}",
+                          received=cluster.count(job))
+    if config.strategy.options.max_shards > 1:
+      raise ConfigError("must be 1: Keras 3 optimizers cannot update sharded variables "
+                        "('ShardedVariable' object has no attribute 'handle')",
+                        key="strategy.max_shards", received=config.strategy.options.max_shards)
+
+
+def _check_training(config: Config) -> None:
+  training = config.training
+  if training.global_batch_size is not None and training.per_replica_batch_size is not None:
+    raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
+                      key="training.per_replica_batch_size",
+                      received=training.per_replica_batch_size)

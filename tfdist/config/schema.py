@@ -1,0 +1,292 @@
+"""The config's shape: frozen dataclasses, one per YAML section.
+
+Every field's type and rule is declared here and nowhere else; `loader` reads these declarations
+to load a YAML file strictly, and `rules` checks what spans several sections (a task against its
+cluster, a strategy against its cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal, Mapping
+
+JOBS = ("chief", "worker", "ps", "evaluator")
+"""The job names TensorFlow's multi-worker strategies know, in launch order."""
+
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "central_storage",
+              "parameter_server")
+"""Canonical strategy names, as `strategy.name` and `tfdist.make_strategy` take them."""
+
+
+def rule(check: Callable[[Any], bool], text: str) -> dict:
+  """Field metadata: `check(value)` must hold, else the loader reports `text`."""
+  return {"rule": (check, text)}
+
+
+_POSITIVE = rule(lambda v: v > 0, "must be greater than 0")
+_NON_NEGATIVE = rule(lambda v: v >= 0, "must be 0 or greater")
+_OPTIONAL_POSITIVE = rule(lambda v: v is None or v > 0, "must be greater than 0")
+
+
+def _field(default, meta=None):
+  return dataclasses.field(default=default, metadata=meta or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+  """The tasks of a cluster, by job.
+
+  In YAML each job is either a list of `host:port` addresses (a real cluster) or a count (a
+  cluster on this machine, whose loopback ports `tfdist launch` picks); one cluster does not mix
+  the two. Counts are kept for both forms.
+
+  Attributes:
+    chief: number of chief tasks (0 or 1).
+    worker: number of worker tasks.
+    ps: number of parameter-server tasks.
+    evaluator: number of evaluator tasks (0 or 1).
+    addresses: `host:port` of each task by job, or None while the cluster is given by counts.
+  """
+  chief: int = 0
+  worker: int = 0
+  ps: int = 0
+  evaluator: int = 0
+  addresses: Mapping[str, tuple[str, ...]] | None = None
+
+  def count(self, job: str) -> int:
+    return getattr(self, job)
+
+  @property
+  def jobs(self) -> tuple[str, ...]:
+    """The jobs with at least one task, in launch order."""
+    return tuple(job for job in JOBS if self.count(job))
+
+  @property
+  def training_tasks(self) -> int:
+    """Tasks that run training steps synchronously: the chief and the workers."""
+    return self.chief + self.worker
+
+  @property
+  def is_empty(self) -> bool:
+    return not self.jobs
+
+  @property
+  def is_multi_worker(self) -> bool:
+    return self.training_tasks > 1 or self.ps > 0
+
+  @property
+  def has_addresses(self) -> bool:
+    return self.addresses is not None
+
+  def tasks(self) -> list[TaskConfig]:
+    """Every task of the cluster, in launch order."""
+    return [TaskConfig(job, i) for job in self.jobs for i in range(self.count(job))]
+
+  def counts(self) -> dict[str, int]:
+    return {job: self.count(job) for job in self.jobs}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """The task this process runs, as TF_CONFIG's `task`.
+
+  Attributes:
+    type: a job of the cluster: chief, worker, ps or evaluator.
+    index: the task's position in its job's list, from 0.
+  """
+  type: str
+  index: int = 0
+
+  def __str__(self) -> str:
+    return f"{self.type}:{self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DefaultOptions:
+  """`default`: TensorFlow's default strategy, one device, no options."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OneDeviceOptions:
+  """`one_device` options.
+
+  Attributes:
+    device: the device to place everything on; None picks the first GPU, else the CPU.
+  """
+  device: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MirroredOptions:
+  """`mirrored` options: synchronous replicas on the devices of one machine.
+
+  Attributes:
+    devices: device names to mirror over; empty means every GPU, else every (logical) CPU.
+    cross_device_ops: how gradients are all-reduced: auto (TensorFlow's choice), nccl,
+      hierarchical_copy or reduction_to_one.
+  """
+  devices: tuple[str, ...] = ()
+  cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiWorkerMirroredOptions:
+  """`multi_worker_mirrored` options: synchronous replicas over the chief and the workers.
+
+  Attributes:
+    communication: collective implementation: auto, ring or nccl.
+    timeout_seconds: deadline of every collective; a stopped peer is noticed after it. None
+      keeps TensorFlow's (no deadline, a heartbeat notices dead peers).
+    bytes_per_pack: pack gradients into chunks of this many bytes; 0 lets TensorFlow decide.
+  """
+  communication: Literal["auto", "ring", "nccl"] = "auto"
+  timeout_seconds: float | None = _field(None, _OPTIONAL_POSITIVE)
+  bytes_per_pack: int = _field(0, _NON_NEGATIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class CentralStorageOptions:
+  """`central_storage` options: variables on one device, computation mirrored.
+
+  Attributes:
+    compute_devices: devices that compute; empty means every GPU, else every (logical) CPU.
+    parameter_device: the device holding the variables; None lets TensorFlow choose (the CPU,
+      or the one GPU).
+  """
+  compute_devices: tuple[str, ...] = ()
+  parameter_device: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServerOptions:
+  """`parameter_server` options: asynchronous workers, variables on the ps tasks.
+
+  Attributes:
+    max_shards: split each large variable over at most this many ps tasks; 1 keeps variables
+      whole and places them round-robin.
+    min_shard_bytes: the smallest shard worth making when `max_shards` > 1.
+  """
+  max_shards: int = _field(1, _POSITIVE)
+  min_shard_bytes: int = _field(256 << 10, _POSITIVE)
+
+
+STRATEGY_OPTIONS: Mapping[str, type] = {
+    "default": DefaultOptions,
+    "one_device": OneDeviceOptions,
+    "mirrored": MirroredOptions,
+    "multi_worker_mirrored": MultiWorkerMirroredOptions,
+    "central_storage": CentralStorageOptions,
+    "parameter_server": ParameterServerOptions,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+  """Which `tf.distribute` strategy to make, and its options.
+
+  In YAML the options sit beside the name: `strategy: {name: mirrored, cross_device_ops: nccl}`.
+  A bare string (`strategy: mirrored`) takes the defaults. Without a `strategy` section the
+  cluster decides: parameter_server when it has ps tasks, multi_worker_mirrored when it has
+  several workers, else default.
+
+  Attributes:
+    name: one of `STRATEGIES`.
+    options: the options dataclass of that strategy (`STRATEGY_OPTIONS[name]`).
+  """
+  name: str = "default"
+  options: Any = DefaultOptions()
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicesConfig:
+  """Local device set-up, applied before TensorFlow initialises its devices.
+
+  Attributes:
+    logical_cpus: split the CPU into this many logical devices (0 or 1: leave it whole), so that
+      Mirrored and CentralStorage can run on a machine without GPUs. They share the same cores:
+      this is for trying code paths, not for speed.
+  """
+  logical_cpus: int = _field(0, _NON_NEGATIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+  """Batch sizes and the speed knobs of training.
+
+  Attributes:
+    global_batch_size: examples per step over all replicas; or give `per_replica_batch_size`.
+    per_replica_batch_size: examples per step on each replica; the global batch is this times
+      the number of replicas.
+    epochs: passes over the training data.
+    steps_per_epoch: steps in one epoch; None runs each epoch to the end of the data.
+    steps_per_execution: training steps run in one call of the compiled function.
+    jit_compile: compile the training step with XLA.
+    mixed_precision: off, auto, bfloat16 or float16.
+    gradient_accumulation_steps: apply the optimizer once every this many batches.
+    scale_learning_rate: multiply the learning rate by the number of replicas.
+    warmup_epochs: ramp the (scaled) learning rate up linearly over this many epochs.
+    seed: seeds Python, NumPy and TensorFlow when set.
+  """
+  global_batch_size: int | None = _field(None, _OPTIONAL_POSITIVE)
+  per_replica_batch_size: int | None = _field(None, _OPTIONAL_POSITIVE)
+  epochs: int = _field(1, _POSITIVE)
+  steps_per_epoch: int | None = _field(None, _OPTIONAL_POSITIVE)
+  steps_per_execution: int = _field(1, _POSITIVE)
+  jit_compile: bool = False
+  mixed_precision: Literal["off", "auto", "bfloat16", "float16"] = "off"
+  gradient_accumulation_steps: int = _field(1, _POSITIVE)
+  scale_learning_rate: bool = False
+  warmup_epochs: int = _field(0, _NON_NEGATIVE)
+  seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Where training state goes.
+
+  Attributes:
+    dir: the checkpoint directory; None writes no checkpoints and cannot resume.
+    max_to_keep: how many checkpoints to keep.
+  """
+  dir: str | None = None
+  max_to_keep: int = _field(3, _POSITIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBoardConfig:
+  """TensorBoard logging.
+
+  Attributes:
+    log_dir: where event files go; None writes none.
+    update_freq: write scalars every `epoch` or every `batch`.
+    profile_batches: profile this range of batches, as `[first, last]`; empty profiles nothing.
+  """
+  log_dir: str | None = None
+  update_freq: Literal["epoch", "batch"] = "epoch"
+  profile_batches: tuple[int, ...] = _field(
+      (), rule(lambda v: len(v) in (0, 2) and all(b > 0 for b in v) and list(v) == sorted(v),
+               "must be empty or two batch numbers [first, last], 1 <= first <= last"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A whole tfdist config: one YAML file, or a TF_CONFIG document.
+
+  Attributes:
+    cluster: the cluster's tasks; empty for training on one machine.
+    task: the task this process runs; None until the launcher, TF_CONFIG or `--task` says.
+    strategy: the strategy and its options.
+    devices: local device set-up.
+    training: batch sizes and speed knobs.
+    checkpoint: checkpoint settings.
+    tensorboard: TensorBoard settings.
+    source: where the config came from (a path, `TF_CONFIG`, `<dict>`), for messages.
+  """
+  cluster: ClusterConfig = ClusterConfig()
+  task: TaskConfig | None = None
+  strategy: StrategyConfig = StrategyConfig()
+  devices: DevicesConfig = DevicesConfig()
+  training: TrainingConfig = TrainingConfig()
+  checkpoint: CheckpointConfig = CheckpointConfig()
+  tensorboard: TensorBoardConfig = TensorBoardConfig()
+  source: str | None = dataclasses.field(default=None, compare=False)

@@ -1,0 +1,1 @@
+"""Runnable examples that train real models on data shipped with a package."""

@@ -1,0 +1,200 @@
+"""Strategy factories: a config (or a name and options) in, a `tf.distribute.Strategy` out.
+
+One builder per strategy name, registered in `_BUILDERS`; `make_strategy` picks by
+`config.strategy.name`, and each public function (`mirrored`, `multi_worker_mirrored`, ...) takes
+the same options as the YAML and validates them by the same rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+from tfdist.config import loader, rules
+from tfdist.config.schema import Config, StrategyConfig
+from tfdist.errors import ConfigError
+from tfdist.strategy.devices import configure_devices, local_devices, local_gpu_count
+from tfdist.strategy.resolver import cluster_resolver
+
+ConfigLike = Config | str | os.PathLike | Mapping | None
+
+
+def make_strategy(config: ConfigLike = None):
+  """Makes the strategy a config names, for the task this process runs.
+
+  Applies `devices` first (before TensorFlow initialises its devices). An evaluator task gets
+  the default strategy: it evaluates on its own machine.
+
+  Args:
+    config: a `Config`, or anything `tfdist.load_config` takes (None reads the environment).
+
+  Returns:
+    The `tf.distribute.Strategy`.
+
+  Raises:
+    ConfigError: the task runs a server rather than a strategy, or the cluster is incomplete.
+    DeviceSetupError: devices were configured too late.
+
+  ```python
+  strategy = tfdist.make_strategy("configs/mirrored.yaml")
+  with strategy.scope():
+    model = make_model()
+  ```
+  """
+  config = as_config(config)
+  configure_devices(config.devices)
+  name, task = config.strategy.name, config.task
+  if task is not None and task.type == "evaluator":
+    import tensorflow as tf
+    return tf.distribute.get_strategy()
+  if name == "parameter_server" and task is not None and task.type != "chief":
+    raise ConfigError(f"{task} of a parameter_server cluster runs a server, not a strategy: "
+                      "call tfdist.serve(config) there (tfdist launch does)", key="task",
+                      received=str(task), source=config.source)
+  return _BUILDERS[name](config.strategy.options, config)
+
+
+def as_config(config: ConfigLike) -> Config:
+  return config if isinstance(config, Config) else loader.load_config(config)
+
+
+def _with_strategy(name: str, options: Mapping[str, Any], config: ConfigLike) -> Config:
+  """`config` with its strategy replaced, checked again by the same rules."""
+  config = dataclasses.replace(
+      as_config(config), strategy=StrategyConfig(name, loader.make_options(name, options)))
+  rules.check(config)
+  return config
+
+
+def default():
+  """TensorFlow's default strategy: one device, no distribution."""
+  return make_strategy(_with_strategy("default", {}, {}))
+
+
+def one_device(device: str | None = None):
+  """`tf.distribute.OneDeviceStrategy` on `device` (None: the first GPU, else the CPU)."""
+  return make_strategy(_with_strategy("one_device", {"device": device}, {}))
+
+
+def mirrored(devices=(), cross_device_ops: str = "auto", *, logical_cpus: int = 0):
+  """`tf.distribute.MirroredStrategy` over this machine's devices.
+
+  Args:
+    devices: device names; empty means every GPU, else every logical CPU.
+    cross_device_ops: auto, nccl, hierarchical_copy or reduction_to_one.
+    logical_cpus: split the CPU into this many devices first (as `devices.logical_cpus`).
+
+  ```python
+  strategy = tfdist.mirrored(logical_cpus=2)   # 2 replicas on a machine without GPUs
+  ```
+  """
+  options = {"devices": list(devices), "cross_device_ops": cross_device_ops}
+  return make_strategy(_with_strategy(
+      "mirrored", options, {"devices": {"logical_cpus": logical_cpus}}))
+
+
+def central_storage(compute_devices=(), parameter_device: str | None = None, *,
+                    logical_cpus: int = 0):
+  """`tf.distribute.experimental.CentralStorageStrategy`: variables on one device.
+
+  Args:
+    compute_devices: device names; empty means every GPU, else every logical CPU.
+    parameter_device: where variables live; None lets TensorFlow choose.
+    logical_cpus: split the CPU into this many devices first.
+  """
+  options = {"compute_devices": list(compute_devices), "parameter_device": parameter_device}
+  return make_strategy(_with_strategy(
+      "central_storage", options, {"devices": {"logical_cpus": logical_cpus}}))
+
+
+def multi_worker_mirrored(communication: str = "auto", timeout_seconds: float | None = None,
+                          bytes_per_pack: int = 0, *, config: ConfigLike = None):
+  """`tf.distribute.MultiWorkerMirroredStrategy` over the chief and workers of a cluster.
+
+  Args:
+    communication: auto, ring or nccl.
+    timeout_seconds: deadline of every collective; None for none.
+    bytes_per_pack: gradient pack size in bytes; 0 lets TensorFlow decide.
+    config: where the cluster and task come from; None reads TF_CONFIG (checked first).
+  """
+  options = {"communication": communication, "timeout_seconds": timeout_seconds,
+             "bytes_per_pack": bytes_per_pack}
+  return make_strategy(_with_strategy("multi_worker_mirrored", options, config))
+
+
+def parameter_server(max_shards: int = 1, min_shard_bytes: int = 256 << 10, *,
+                     config: ConfigLike = None):
+  """`tf.distribute.ParameterServerStrategy`, made on the chief (the coordinator).
+
+  Args:
+    max_shards: split large variables over at most this many ps tasks (1: no sharding).
+    min_shard_bytes: the smallest shard worth making.
+    config: where the cluster and task come from; None reads TF_CONFIG (checked first).
+  """
+  options = {"max_shards": max_shards, "min_shard_bytes": min_shard_bytes}
+  return make_strategy(_with_strategy("parameter_server", options, config))
+
+
+def _build_default(options, config: Config):
+  import tensorflow as tf
+  return tf.distribute.get_strategy()
+
+
+def _build_one_device(options, config: Config):
+  import tensorflow as tf
+  return tf.distribute.OneDeviceStrategy(
+      options.device or ("/gpu:0" if local_gpu_count() else "/cpu:0"))
+
+
+def _build_mirrored(options, config: Config):
+  import tensorflow as tf
+  cross_device_ops = {
+      "auto": lambda: None,
+      "nccl": tf.distribute.NcclAllReduce,
+      "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+      "reduction_to_one": tf.distribute.ReductionToOneDevice,
+  }[options.cross_device_ops]()
+  return tf.distribute.MirroredStrategy(
+      list(options.devices) or local_devices(config.devices), cross_device_ops=cross_device_ops)
+
+
+def _build_central_storage(options, config: Config):
+  import tensorflow as tf
+  return tf.distribute.experimental.CentralStorageStrategy(
+      compute_devices=list(options.compute_devices) or local_devices(config.devices),
+      parameter_device=options.parameter_device)
+
+
+def _build_multi_worker_mirrored(options, config: Config):
+  import tensorflow as tf
+  implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
+                           options.communication.upper())
+  communication = tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds,
+      implementation=implementation)
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      cluster_resolver=cluster_resolver(config), communication_options=communication)
+
+
+def _build_parameter_server(options, config: Config):
+  import tensorflow as tf
+  if config.cluster.is_empty:
+    raise ConfigError("parameter_server needs a cluster with a chief, workers and ps tasks",
+                      key="cluster", received={}, source=config.source)
+  partitioner = None
+  if options.max_shards > 1:
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=options.min_shard_bytes, max_shards=options.max_shards)
+  return tf.distribute.experimental.ParameterServerStrategy(
+      cluster_resolver(config), variable_partitioner=partitioner)
+
+
+_BUILDERS: Mapping[str, Callable[[Any, Config], Any]] = {
+    "default": _build_default,
+    "one_device": _build_one_device,
+    "mirrored": _build_mirrored,
+    "central_storage": _build_central_storage,
+    "multi_worker_mirrored": _build_multi_worker_mirrored,
+    "parameter_server": _build_parameter_server,
+}
