@@ -122,3 +122,13 @@ def test_resolver_counts_local_gpus_for_multi_worker_strategies():
   resolver = tfdist.cluster_resolver(config)
   assert resolver.num_accelerators() == {"GPU": len(tf.config.list_physical_devices("GPU"))}
   assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+
+
+def test_same_setting_gives_the_same_strategy_so_collectives_do_not_collide():
+  config = load_config(CONFIGS / "mirrored.yaml", environ={})
+  first = tfdist.make_strategy(config)
+  assert tfdist.make_strategy(load_config(CONFIGS / "mirrored.yaml", environ={})) is first
+  for size in (3, 5):  # Two all-reduces of different shapes, as two models' gradients.
+    values = first.run(tf.function(lambda: tf.distribute.get_replica_context().all_reduce(
+        "sum", tf.ones([size]))))
+    assert first.experimental_local_results(values)[0].numpy().tolist() == [2.0] * size

@@ -18,3 +18,4 @@ from tfdist.strategy import (central_storage, cluster_resolver, configure_device
                              parameter_server, serve, start_server)
 
 __version__ = "0.1.0"
+from tfdist.training.fit import evaluate, fit, predict

@@ -39,24 +39,23 @@ def make_model(seed: int = 1):
   ])
 
 
+def compile_args():
+  import keras
+  return dict(optimizer=keras.optimizers.Adam(1e-3),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+
+
 def main(argv):
   del argv
   config = tfdist.load_config(FLAGS.config)
-  strategy = tfdist.make_strategy(config)
-  import keras
-
   (x_train, y_train), (x_test, y_test) = load_digits()
-  sizes = tfdist.batch_sizes(config.training, strategy.num_replicas_in_sync)
-  with strategy.scope():  # Keras records the strategy when the model is built.
-    model = make_model(config.training.seed or 1)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-  model.fit(x_train, y_train, batch_size=sizes.global_batch_size or 64,
-            epochs=config.training.epochs, verbose=2)
-  loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+  history = tfdist.fit(lambda: make_model(config.training.seed or 1), x_train, y_train,
+                       config=config, compile=compile_args, verbose=2)
+  model = history.model
+  loss, accuracy = tfdist.evaluate(model, x_test, y_test, config=config, verbose=0)
   print(f"test loss {loss:.4f} accuracy {accuracy:.4f} "
-        f"({config.strategy.name}, {strategy.num_replicas_in_sync} replicas)")
+        f"({config.strategy.name}, {model.distribute_strategy.num_replicas_in_sync} replicas)")
 
 
 if __name__ == "__main__":

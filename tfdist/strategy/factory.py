@@ -13,16 +13,22 @@ from typing import Any, Callable, Mapping
 
 from tfdist.config import loader, rules
 from tfdist.config.schema import Config, StrategyConfig
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, DeviceSetupError
 from tfdist.strategy.devices import configure_devices, local_devices, local_gpu_count
 from tfdist.strategy.resolver import cluster_resolver
 
 ConfigLike = Config | str | os.PathLike | Mapping | None
 
+# One strategy per process for each distinct setting: two strategies over the same devices start
+# their collective keys at the same values, and the second one's all-reduce then collides with
+# the first's ("Shape mismatch in the collective instance 100", measured with TF 2.21).
+_STRATEGIES: dict[str, Any] = {}
+
 
 def make_strategy(config: ConfigLike = None):
   """Makes the strategy a config names, for the task this process runs.
 
+  The same strategy, cluster, devices and task give the same strategy object within a process.
   Applies `devices` first (before TensorFlow initialises its devices). An evaluator task gets
   the default strategy: it evaluates on its own machine.
 
@@ -43,6 +49,13 @@ def make_strategy(config: ConfigLike = None):
   ```
   """
   config = as_config(config)
+  key = repr((config.strategy, config.devices, config.cluster, config.task))
+  if key not in _STRATEGIES:
+    _STRATEGIES[key] = _make(config)
+  return _STRATEGIES[key]
+
+
+def _make(config: Config):
   configure_devices(config.devices)
   name, task = config.strategy.name, config.task
   if task is not None and task.type == "evaluator":
@@ -173,8 +186,16 @@ def _build_multi_worker_mirrored(options, config: Config):
   communication = tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds,
       implementation=implementation)
-  return tf.distribute.MultiWorkerMirroredStrategy(
-      cluster_resolver=cluster_resolver(config), communication_options=communication)
+  try:
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver(config), communication_options=communication)
+  except RuntimeError as e:
+    if "must be configured at program startup" not in str(e):
+      raise
+    raise DeviceSetupError(
+        "multi_worker_mirrored must be made before TensorFlow runs anything (an op, a variable, "
+        "a Keras optimizer): make the strategy first, or pass tfdist.fit a compile function. "
+        f"Received: {e}") from None
 
 
 def _build_parameter_server(options, config: Config):

@@ -1,0 +1,1 @@
+"""Keras training under a strategy: the fit wrapper, data distribution, Keras workarounds."""

@@ -1,0 +1,146 @@
+"""`tfdist.fit`, `tfdist.evaluate`, `tfdist.predict`: Keras's own loop, under the config's
+strategy, with the model built in the strategy's scope and the batches sharded right.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from tfdist.config.batch import batch_sizes
+from tfdist.config.schema import Config
+from tfdist.errors import ConfigError
+from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
+
+# Under these strategies XLA fails in TensorFlow 2.21 (device placement of mirrored variables;
+# "Collectives are not yet implemented for CPU devices when compiling with XLA").
+_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage")
+
+
+def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigLike = None,
+        compile: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, batch_size: int | None = None,
+        epochs: int | None = None, steps_per_epoch: int | None = None, shuffle: bool = True,
+        validation_data=None, callbacks=None, **fit_kwargs):
+  """Builds the model in the config's strategy scope, compiles it and fits it.
+
+  Args:
+    model_fn: returns the Keras model; called inside the strategy's scope (Keras records the
+      strategy when a model is built).
+    train_data: numpy arrays, a `tf.data.Dataset` of global batches, or a function of a
+      `tf.distribute.InputContext` returning that worker's dataset.
+    y: targets, with numpy `train_data`.
+    config: a `Config`, a YAML path or a mapping; None reads TFDIST_CONFIG/TF_CONFIG and means
+      one device when neither is set.
+    compile: keyword arguments of `Model.compile` (optimizer, loss, metrics, ...), or a function
+      returning them, called in the scope. Under multi_worker_mirrored pass a function (or
+      strings): a Keras optimizer object made before the strategy starts TensorFlow too early.
+      Omit it when `model_fn` compiles the model itself.
+    batch_size: the global batch size; defaults to the config's.
+    epochs: defaults to the config's `training.epochs`.
+    steps_per_epoch: defaults to the config's `training.steps_per_epoch`.
+    shuffle: shuffle numpy input each epoch, in the same order on every worker (tfdist
+      shuffles before batching; Keras itself is told not to).
+    validation_data: `(x, y)` arrays or a dataset, as for `Model.fit`.
+    callbacks: Keras callbacks.
+    **fit_kwargs: any other keyword argument of `Model.fit`, with its Keras meaning.
+
+  Returns:
+    The Keras `History`; the trained model is `history.model`.
+
+  Raises:
+    ConfigError: the config asks for something its strategy cannot do.
+
+  ```python
+  history = tfdist.fit(make_model, x, y, config="configs/mirrored.yaml",
+                       compile=dict(optimizer="adam", loss="mse"))
+  model = history.model
+  ```
+  """
+  config = as_config(config)
+  _check_supported(config)
+  strategy = make_strategy(config)
+  from tfdist.training import data, keras_fixes
+
+  import keras
+  training = config.training
+  if training.seed is not None:
+    keras.utils.set_random_seed(training.seed)
+  sizes = batch_sizes(training, strategy.num_replicas_in_sync)
+  global_batch = batch_size or sizes.global_batch_size
+  with strategy.scope():
+    model = model_fn()
+    if compile is not None:
+      model.compile(**(compile() if callable(compile) else compile))
+    elif not model.compiled:
+      raise ConfigError("model_fn returned a model that is not compiled: compile it there or "
+                        "pass compile=dict(optimizer=..., loss=...)", key="compile",
+                        received=None)
+    model.jit_compile = training.jit_compile
+    model.steps_per_execution = training.steps_per_execution
+  train = data.make_dataset(train_data, y, strategy=strategy, batch_size=global_batch,
+                            shuffle=shuffle, seed=training.seed, name="train_data")
+  validation = _validation(validation_data, strategy, global_batch)
+  with keras_fixes.fixed_for(model, strategy):
+    return model.fit(train, epochs=epochs or training.epochs,
+                     steps_per_epoch=steps_per_epoch or training.steps_per_epoch,
+                     validation_data=validation, callbacks=callbacks, shuffle=False,
+                     **fit_kwargs)
+
+
+def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,
+             **evaluate_kwargs):
+  """`Model.evaluate` of a model built by `tfdist.fit`, under its strategy.
+
+  Args:
+    model: the model (`history.model`).
+    x, y: as for `tfdist.fit`'s `train_data` and `y`.
+    config: gives the batch size when `batch_size` is not passed.
+    batch_size: the global batch size for numpy input.
+    **evaluate_kwargs: keyword arguments of `Model.evaluate`.
+  """
+  from tfdist.training import data, keras_fixes
+
+  strategy = model.distribute_strategy
+  dataset = data.make_dataset(x, y, strategy=strategy,
+                              batch_size=_batch(config, strategy, batch_size))
+  with keras_fixes.fixed_for(model, strategy):
+    return model.evaluate(dataset, **evaluate_kwargs)
+
+
+def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None = None,
+            **predict_kwargs):
+  """`Model.predict` of a model built by `tfdist.fit`, under its strategy; outputs are in
+  input order on every worker."""
+  from tfdist.training import data, keras_fixes
+
+  strategy = model.distribute_strategy
+  dataset = data.make_dataset(x, strategy=strategy,
+                              batch_size=_batch(config, strategy, batch_size))
+  with keras_fixes.fixed_for(model, strategy):
+    return model.predict(dataset, **predict_kwargs)
+
+
+def _batch(config: ConfigLike, strategy, batch_size: int | None) -> int | None:
+  if batch_size:
+    return batch_size
+  return batch_sizes(as_config(config).training, strategy.num_replicas_in_sync).global_batch_size
+
+
+def _validation(validation_data, strategy, global_batch):
+  from tfdist.training import data
+
+  if isinstance(validation_data, tuple) and len(validation_data) == 2:
+    return data.make_dataset(*validation_data, strategy=strategy, batch_size=global_batch,
+                             name="validation_data")
+  return data.make_dataset(validation_data, strategy=strategy, batch_size=global_batch,
+                           name="validation_data")
+
+
+def _check_supported(config: Config) -> None:
+  name, training = config.strategy.name, config.training
+  if name == "parameter_server":
+    raise ConfigError("parameter_server training is not in tfdist.fit yet (Keras 3 model.fit "
+                      "does not support it; tfdist's coordinator loop is planned)",
+                      key="strategy.name", received=name, source=config.source)
+  if training.jit_compile and name in _NO_JIT:
+    raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
+                      key="training.jit_compile", received=True, source=config.source)
