@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist import ConfigError, load_config
+from tfdist import ConfigError
 from tfdist.training.data import DataError, make_dataset, reads_files
-from tfdist.testing.local_cluster import local_cluster, running, start_task, wait
+from tfdist.testing.local_cluster import run_everywhere
 from tests.conftest import PROGRAMS, REPO
 from tests.programs import equivalence_case as case
 
@@ -49,12 +49,8 @@ def test_single_machine_strategies_equal_one_device(strategy, one_device_result)
 def test_multi_worker_mirrored_on_two_processes_equals_one_device(tmp_path, one_device_result):
   config = tmp_path / "mwms.yaml"
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
-  cluster = local_cluster(load_config(config, environ={}).cluster)
-  processes = [start_task(task, [sys.executable, str(PROGRAMS / "equivalence_case.py")],
-                          cluster, tmp_path, config_path=config, env={"PYTHONPATH": str(REPO)})
-               for task in cluster.tasks()]
-  with running(processes):
-    wait(processes, 180)
+  processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py")],
+                             tmp_path, 180, env={"PYTHONPATH": str(REPO)})
   for p in processes:
     assert p.process.returncode == 0, p.output()[-3000:]
     line = next(l for l in p.output().splitlines() if l.startswith("RESULT "))

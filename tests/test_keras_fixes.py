@@ -9,8 +9,7 @@ import tensorflow as tf
 import keras
 
 import tfdist
-from tfdist import load_config
-from tfdist.testing.local_cluster import local_cluster, running, start_task, wait
+from tfdist.testing.local_cluster import run_everywhere
 from tests.conftest import PROGRAMS, REPO
 
 
@@ -34,12 +33,8 @@ def test_keras_21054_central_storage_metric_counts_old_total_once_per_replica():
 def test_keras_20585_multi_worker_fit_fails_without_the_fix(tmp_path):
   config = tmp_path / "mwms.yaml"
   config.write_text("cluster: {worker: 2}\n")
-  cluster = local_cluster(load_config(config, environ={}).cluster)
-  processes = [start_task(task, [sys.executable, str(PROGRAMS / "mwms_plain_keras_fit.py")],
-                          cluster, tmp_path, config_path=config, env={"PYTHONPATH": str(REPO)})
-               for task in cluster.tasks()]
-  with running(processes):
-    wait(processes, 120)
+  processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "mwms_plain_keras_fit.py")],
+                             tmp_path, 120, env={"PYTHONPATH": str(REPO)})
   output = processes[0].output()
   assert "KERAS_FIT_WORKS" not in output, "keras#20585 looks fixed: drop the multi-worker fix"
   assert "KERAS_BUG_PRESENT Attempt to convert a value (PerReplica" in output, output[-3000:]

@@ -5,21 +5,17 @@ import sys
 
 from tfdist import load_config
 from tfdist.config import TaskConfig
-from tfdist.testing.local_cluster import local_cluster, running, start_task, wait
+from tfdist.testing.local_cluster import (local_cluster, run_everywhere, running, start_task,
+                                          wait)
 from tests.conftest import CONFIGS, PROGRAMS, REPO
 
 TIMEOUT = 120
 
 
 def test_multi_worker_mirrored_all_reduce_over_two_processes(tmp_path):
-  config_path = CONFIGS / "multi_worker_mirrored.yaml"
-  cluster = local_cluster(load_config(config_path, environ={}).cluster)
-  argv = [sys.executable, str(PROGRAMS / "allreduce.py")]
-  processes = [start_task(task, argv, cluster, tmp_path, config_path=config_path,
-                          env={"PYTHONPATH": str(REPO)})
-               for task in cluster.tasks()]
-  with running(processes):
-    wait(processes, TIMEOUT)
+  processes = run_everywhere(CONFIGS / "multi_worker_mirrored.yaml",
+                             [sys.executable, str(PROGRAMS / "allreduce.py")], tmp_path, TIMEOUT,
+                             env={"PYTHONPATH": str(REPO)})
   for p in processes:
     assert p.process.returncode == 0, p.output()[-3000:]
     assert "replicas=2 sum=3.0" in p.output()

@@ -95,3 +95,17 @@ def running(processes: list[TaskProcess]) -> Iterator[list[TaskProcess]]:
 
 def python_argv(*args: str) -> list[str]:
   return [sys.executable, *args]
+
+
+def run_everywhere(config_path: os.PathLike, argv: Sequence[str], log_dir: os.PathLike,
+                   timeout: float, env: Mapping[str, str] | None = None) -> list[TaskProcess]:
+  """Runs `argv` as every task of the config's cluster (given by counts) on free loopback
+  ports, waits for all of them, and returns the finished processes."""
+  from tfdist.config.loader import load_config
+
+  cluster = local_cluster(load_config(config_path, environ={}).cluster)
+  processes = [start_task(task, argv, cluster, log_dir, config_path=config_path, env=env)
+               for task in cluster.tasks()]
+  with running(processes):
+    wait(processes, timeout)
+  return processes
