@@ -54,7 +54,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     return None
   if is_dataset_fn(x):
     return strategy.distribute_datasets_from_function(x)
-  if isinstance(x, (tf.distribute.DistributedDataset, )):
+  if isinstance(x, tf.distribute.DistributedDataset):
     return x
   if isinstance(x, tf.data.Dataset):
     if y is not None:

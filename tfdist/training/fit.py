@@ -64,8 +64,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   training = config.training
   if training.seed is not None:
     keras.utils.set_random_seed(training.seed)
-  sizes = batch_sizes(training, strategy.num_replicas_in_sync)
-  global_batch = batch_size or sizes.global_batch_size
+  global_batch = _batch(config, strategy, batch_size)
   with strategy.scope():
     model = model_fn()
     if compile is not None:
