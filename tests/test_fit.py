@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import keras
 
 import tfdist
 from tfdist import ConfigError
@@ -19,42 +20,94 @@ pytestmark = pytest.mark.usefixtures("two_cpus")
 TOLERANCE = 1e-5
 
 
+# bfloat16 keeps 8 bits of mantissa: splitting a batch over replicas changes the rounding.
+BFLOAT16_TOLERANCE = 1e-2
+
+
 @pytest.fixture(scope="module")
-def one_device_result():
-  return case.train({"strategy": "default"})
+def reference():
+  """One device's result for a variant, trained once per module."""
+  results = {}
+
+  def get(variant):
+    if variant not in results:
+      if variant == "steps_per_execution":  # Running 4 steps per call changes no arithmetic.
+        results[variant] = get("plain")
+      elif variant == "scaled_lr":  # One device is told the learning rate 2 replicas scale to.
+        results[variant] = case.train({"strategy": "default"}, variant, 2 * case.LEARNING_RATE)
+      else:
+        results[variant] = case.train({"strategy": "default"}, variant)
+    return results[variant]
+  return get
 
 
-def assert_same_training(result, reference):
+def assert_same_training(result, reference, variant="plain"):
+  tolerance = BFLOAT16_TOLERANCE if variant == "bfloat16" else TOLERANCE
   assert result["history"].keys() == reference["history"].keys() == {"loss", "accuracy"}
   for key in reference["history"]:
     np.testing.assert_allclose(result["history"][key], reference["history"][key],
-                               atol=TOLERANCE, err_msg=key)
-  np.testing.assert_allclose(result["evaluate"], reference["evaluate"], atol=TOLERANCE)
-  np.testing.assert_allclose(result["predict"], reference["predict"], atol=TOLERANCE)
+                               atol=tolerance, err_msg=key)
+  np.testing.assert_allclose(result["evaluate"], reference["evaluate"], atol=tolerance)
+  np.testing.assert_allclose(result["predict"], reference["predict"], atol=tolerance)
   for got, want in zip(result["weights"], reference["weights"]):
-    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    np.testing.assert_allclose(got, want, atol=tolerance)
+  if variant == "bfloat16":
+    assert result["compute_dtype"] == "bfloat16" and result["predict_dtype"] == "float32"
 
 
-def test_training_actually_learns(one_device_result):
-  losses = one_device_result["history"]["loss"]
+def test_training_actually_learns(reference):
+  losses = reference("plain")["history"]["loss"]
   assert len(losses) == case.EPOCHS and losses[-1] < losses[0] - 0.05
 
 
-@pytest.mark.parametrize("strategy", ["one_device", "mirrored", "central_storage"])
-def test_single_machine_strategies_equal_one_device(strategy, one_device_result):
-  result = case.train({"strategy": strategy, "devices": {"logical_cpus": 2}})
-  assert_same_training(result, one_device_result)
+@pytest.mark.parametrize("strategy,variant", [("one_device", "plain")] + [
+    (strategy, variant) for strategy in ("mirrored", "central_storage")
+    for variant in case.VARIANTS])
+def test_single_machine_strategies_equal_one_device(strategy, variant, reference):
+  result = case.train({"strategy": strategy, "devices": {"logical_cpus": 2}}, variant)
+  assert_same_training(result, reference(variant), variant)
 
 
-def test_multi_worker_mirrored_on_two_processes_equals_one_device(tmp_path, one_device_result):
+def test_multi_worker_mirrored_on_two_processes_equals_one_device(tmp_path, reference):
   config = tmp_path / "mwms.yaml"
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
-  processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py")],
-                             tmp_path, 180, env={"PYTHONPATH": str(REPO)})
+  processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py"),
+                                      *case.VARIANTS], tmp_path, 300,
+                             env={"PYTHONPATH": str(REPO)})
   for p in processes:
     assert p.process.returncode == 0, p.output()[-3000:]
-    line = next(l for l in p.output().splitlines() if l.startswith("RESULT "))
-    assert_same_training(json.loads(line[len("RESULT "):]), one_device_result)
+    results = dict(line.split(" ", 2)[1:] for line in p.output().splitlines()
+                   if line.startswith("RESULT "))
+    assert results.keys() == case.VARIANTS.keys()
+    for variant, result in results.items():
+      assert_same_training(json.loads(result), reference(variant), variant)
+
+
+def test_learning_rate_is_scaled_by_replicas_and_warmed_up_over_an_epoch():
+  x, y = case.data()
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": 2},
+            "training": {"scale_learning_rate": True, "warmup_epochs": 1}}
+  seen = []
+  record = keras.callbacks.LambdaCallback(
+      on_train_batch_begin=lambda batch, logs: seen.append(
+          float(history_model[0].optimizer.learning_rate)))
+  history_model = []
+  record.set_model = lambda model: history_model.append(model)
+  tfdist.fit(case.model_fn, x, y, config=config, compile=case.compile_args, batch_size=32,
+             epochs=2, callbacks=[record], verbose=0)
+  steps_per_epoch = 256 // 32
+  expected = [2 * case.LEARNING_RATE * min(1.0, (step + 1) / steps_per_epoch)
+              for step in range(2 * steps_per_epoch)]
+  np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+def test_warmup_needs_to_know_the_steps_in_an_epoch():
+  config = {"strategy": "default", "training": {"warmup_epochs": 1}}
+  with pytest.raises(ConfigError, match=r"training.warmup_epochs: needs the number of steps in "
+                     r"an epoch, .* set training.steps_per_epoch"):
+    unknown_length = tf.data.Dataset.range(4).filter(lambda i: i < 3)
+    tfdist.fit(case.model_fn, unknown_length, config=config,
+               compile=case.compile_args)
 
 
 def test_dataset_function_gets_each_replicas_input_context():

@@ -38,3 +38,30 @@ def test_keras_20585_multi_worker_fit_fails_without_the_fix(tmp_path):
   output = processes[0].output()
   assert "KERAS_FIT_WORKS" not in output, "keras#20585 looks fixed: drop the multi-worker fix"
   assert "KERAS_BUG_PRESENT Attempt to convert a value (PerReplica" in output, output[-3000:]
+
+
+def _mirrored_model(**optimizer_args):
+  strategy = tfdist.mirrored(logical_cpus=2)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, **optimizer_args), loss="mse")
+  return model
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_19246_mirrored_steps_per_execution_fails_without_the_fix():
+  model = _mirrored_model()
+  model.steps_per_execution = 4
+  x = tf.ones((64, 4))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
+    model.fit(x, x[:, :2], batch_size=8, verbose=0)
+    pytest.fail("keras#19246 looks fixed: drop the steps_per_execution fix")
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_20582_mirrored_gradient_accumulation_fails_without_the_fix():
+  model = _mirrored_model(gradient_accumulation_steps=2)
+  x = tf.ones((64, 4))
+  with pytest.raises(RuntimeError, match="`merge_call` called while defining a new graph"):
+    model.fit(x, x[:, :2], batch_size=8, verbose=0)
+    pytest.fail("keras#20582 looks fixed: drop the gradient accumulation fix")

@@ -1,15 +1,30 @@
-"""One model, seed and data, trained under any config: the equivalence tests compare the
-results across strategies. Run as a script it trains under the environment's config (a task
-of a launched cluster) and prints the results as JSON."""
+"""One model, seed and data, trained under any config and any of a few training variants: the
+equivalence tests compare the results across strategies. Run as a script it trains every
+variant named on the command line under the environment's config (a task of a launched
+cluster) and prints one `RESULT <variant> <json>` line each."""
 
+import dataclasses
 import json
+import sys
 
 import numpy as np
 
 import tfdist
+from tfdist.strategy.factory import as_config
 
 EPOCHS = 3
 GLOBAL_BATCH = 32
+LEARNING_RATE = 0.1
+
+# Training options per variant; "shuffled" also shuffles the numpy input.
+VARIANTS = {
+    "plain": {},
+    "shuffled": {"seed": 7},
+    "steps_per_execution": {"steps_per_execution": 4},
+    "accumulation": {"gradient_accumulation_steps": 2},
+    "scaled_lr": {"scale_learning_rate": True, "warmup_epochs": 1},
+    "bfloat16": {"mixed_precision": "bfloat16"},
+}
 
 
 def data():
@@ -29,25 +44,36 @@ def model_fn():
   ])
 
 
-def compile_args():
+def compile_args(learning_rate=LEARNING_RATE):
   import keras
-  return dict(optimizer=keras.optimizers.SGD(0.1),
+  return dict(optimizer=keras.optimizers.SGD(learning_rate),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
 
 
-def train(config):
+def with_training(config, **options):
+  config = as_config(config)
+  return dataclasses.replace(config, training=dataclasses.replace(config.training, **options))
+
+
+def train(config, variant="plain", learning_rate=LEARNING_RATE):
   x, y = data()
-  history = tfdist.fit(model_fn, x, y, config=config, compile=compile_args,
-                       batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+  options = VARIANTS[variant]
+  history = tfdist.fit(model_fn, x, y, config=with_training(config, **options),
+                       compile=lambda: compile_args(learning_rate), batch_size=GLOBAL_BATCH,
+                       epochs=EPOCHS, shuffle=variant == "shuffled", verbose=0)
   model = history.model
   evaluation = tfdist.evaluate(model, x, y, batch_size=GLOBAL_BATCH, verbose=0)
   predictions = tfdist.predict(model, x[:40], batch_size=GLOBAL_BATCH, verbose=0)
   return {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
           "evaluate": [float(v) for v in evaluation],
           "predict": np.asarray(predictions).tolist(),
+          "predict_dtype": str(np.asarray(predictions).dtype),
+          "compute_dtype": model.layers[0].dtype_policy.compute_dtype,
           "weights": [w.tolist() for w in model.get_weights()]}
 
 
 if __name__ == "__main__":
-  print("RESULT " + json.dumps(train(tfdist.load_config())), flush=True)
+  config = tfdist.load_config()
+  for name in sys.argv[1:] or ["plain"]:
+    print(f"RESULT {name} " + json.dumps(train(config, name)), flush=True)

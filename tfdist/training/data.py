@@ -35,7 +35,8 @@ def is_dataset_fn(data: Any) -> bool:
 
 
 def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool = False,
-                 seed: int | None = None, name: str = "x"):
+                 seed: int | None = None, first_epoch: int = 0, epochs: int | None = None,
+                 name: str = "x"):
   """Returns what Keras's fit/evaluate/predict should receive for `x` (and `y`).
 
   Args:
@@ -43,8 +44,13 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     y: targets when `x` is numpy.
     strategy: the strategy the data is for.
     batch_size: the global batch size for numpy inputs.
-    shuffle: shuffle numpy inputs each epoch (the same order on every worker).
+    shuffle: shuffle numpy inputs each epoch. The order of epoch e depends on (seed, e) only:
+      the same on every worker and after a restart. The result is then a stream of the epochs
+      `first_epoch` to `epochs` (endless when None), each ending in its partial batch: fit it
+      with `steps_per_epoch=batch_count(x, batch_size)`.
     seed: the shuffle seed; every worker must use the same one.
+    first_epoch: the epoch a resumed training starts at.
+    epochs: the epoch training ends before.
     name: the argument's name, for errors.
 
   Raises:
@@ -61,23 +67,45 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
                       f"Received: y of type {type(y).__name__}")
     return _with_shard_policy(x)
-  if _is_arrays(x):
+  if is_arrays(x):
     if not batch_size:
       raise DataError(f"{name}: numpy input needs a batch size: set training.global_batch_size "
                       "or per_replica_batch_size in the config, or pass batch_size. "
                       "Received: batch_size=None")
-    dataset = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+    arrays = x if y is None else (x, y)
     if shuffle:
-      count = len(tf.nest.flatten(x)[0])
-      dataset = dataset.shuffle(count, seed=_DEFAULT_SHUFFLE_SEED if seed is None else seed,
-                                reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+      dataset = _shuffled_epochs(arrays, batch_size, _DEFAULT_SHUFFLE_SEED if seed is None
+                                 else seed, first_epoch, epochs)
+    else:
+      dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return _with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA)
   raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, or a function of a "
                   f"tf.distribute.InputContext. Received: {type(x).__name__}")
 
 
-def _is_arrays(x) -> bool:
+def batch_count(x, batch_size: int) -> int:
+  """Batches in one epoch of numpy input `x`, the last one partial."""
+  return -(-len(tf.nest.flatten(x)[0]) // batch_size)
+
+
+def _shuffled_epochs(arrays, batch_size: int, seed: int, first_epoch: int, epochs: int | None):
+  count = len(tf.nest.flatten(arrays)[0])
+  tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+
+  def epoch(e):
+    order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64),
+                                                     seed=tf.stack([tf.constant(seed, tf.int64), e]))
+    return tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
+
+  numbers = (tf.data.Dataset.range(first_epoch, epochs) if epochs is not None
+             else tf.data.Dataset.counter(first_epoch))
+  return numbers.flat_map(epoch).map(
+      lambda indices: tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors),
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def is_arrays(x) -> bool:
   leaves = tf.nest.flatten(x)
   return bool(leaves) and all(isinstance(v, (np.ndarray, list)) or tf.is_tensor(v)
                               for v in leaves)

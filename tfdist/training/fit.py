@@ -58,15 +58,18 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   config = as_config(config)
   _check_supported(config)
   strategy = make_strategy(config)
-  from tfdist.training import data, keras_fixes
+  from tfdist.training import checkpoints, data, keras_fixes, precision
 
   import keras
   training = config.training
   if training.seed is not None:
     keras.utils.set_random_seed(training.seed)
   global_batch = _batch(config, strategy, batch_size)
+  epochs = epochs or training.epochs
   with strategy.scope():
-    model = model_fn()
+    with precision.building_with(precision.policy_for(training.mixed_precision)):
+      model = model_fn()
+    precision.keep_outputs_float32(model)
     if compile is not None:
       model.compile(**(compile() if callable(compile) else compile))
     elif not model.compiled:
@@ -75,14 +78,34 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
                         received=None)
     model.jit_compile = training.jit_compile
     model.steps_per_execution = training.steps_per_execution
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    if training.gradient_accumulation_steps > 1:
+      optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
+
+  callbacks = list(callbacks or [])
+  files = checkpoints.callbacks(config)
+  first_epoch = files[0].saved_epoch() if files else 0
+  steps_per_epoch = steps_per_epoch or training.steps_per_epoch
+  endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
+  if shuffle and global_batch and data.is_arrays(train_data):
+    steps_per_epoch = steps_per_epoch or data.batch_count(train_data, global_batch)
   train = data.make_dataset(train_data, y, strategy=strategy, batch_size=global_batch,
-                            shuffle=shuffle, seed=training.seed, name="train_data")
+                            shuffle=shuffle, seed=training.seed, first_epoch=first_epoch,
+                            epochs=None if endless else epochs,
+                            name="train_data")
+  if training.scale_learning_rate or training.warmup_epochs:
+    from tfdist.training import schedule
+    multiplier = strategy.num_replicas_in_sync if training.scale_learning_rate else 1
+    warmup = training.warmup_epochs * _steps_in_an_epoch(train, steps_per_epoch, config)
+    schedule.scale_learning_rate(optimizer, multiplier, warmup)
   validation = _validation(validation_data, strategy, global_batch)
   with keras_fixes.fixed_for(model, strategy):
-    return model.fit(train, epochs=epochs or training.epochs,
-                     steps_per_epoch=steps_per_epoch or training.steps_per_epoch,
-                     validation_data=validation, callbacks=callbacks, shuffle=False,
-                     **fit_kwargs)
+    history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                        validation_data=validation, callbacks=files + callbacks, shuffle=False,
+                        **fit_kwargs)
+  if config.checkpoint.dir:
+    checkpoints.save_final_model(model, config)
+  return history
 
 
 def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,
@@ -122,6 +145,19 @@ def _batch(config: ConfigLike, strategy, batch_size: int | None) -> int | None:
   if batch_size:
     return batch_size
   return batch_sizes(as_config(config).training, strategy.num_replicas_in_sync).global_batch_size
+
+
+def _steps_in_an_epoch(dataset, steps_per_epoch: int | None, config: Config) -> int:
+  if steps_per_epoch:
+    return steps_per_epoch
+  import tensorflow as tf
+  count = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -1
+  if count < 0:
+    raise ConfigError("needs the number of steps in an epoch, which this dataset does not "
+                      "know: set training.steps_per_epoch or pass steps_per_epoch",
+                      key="training.warmup_epochs", received=config.training.warmup_epochs,
+                      source=config.source)
+  return count
 
 
 def _validation(validation_data, strategy, global_batch):

@@ -23,14 +23,35 @@ def in_multi_worker_mode(strategy) -> bool:
       strategy.extended._in_multi_worker_mode()
 
 
+def _replicated(strategy) -> bool:
+  return isinstance(strategy, (tf.distribute.MirroredStrategy,
+                               tf.distribute.MultiWorkerMirroredStrategy,
+                               tf.distribute.experimental.CentralStorageStrategy))
+
+
 def _central_storage(strategy) -> bool:
   return isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) and \
       strategy.num_replicas_in_sync > 1
 
 
+def _mirrors(strategy) -> bool:
+  return isinstance(strategy, (tf.distribute.MirroredStrategy,
+                               tf.distribute.MultiWorkerMirroredStrategy))
+
+
 @contextlib.contextmanager
 def fixed_for(model, strategy):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`."""
+  if _BROKEN and _replicated(strategy) and getattr(model.optimizer, "gradient_accumulation_steps",
+                                                   None):
+    # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
+    # point) inside a cond, which tf.distribute refuses.
+    model.optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
+                                                                model.optimizer)
+  if _BROKEN and _mirrors(strategy) and model.steps_per_execution > 1:
+    # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
+    # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
+    model._make_function = types.MethodType(_make_function_looping_in_graph, model)
   if _BROKEN and _central_storage(strategy):
     model._maybe_symbolic_build = types.MethodType(_build_with_summed_metric_deltas, model)
   if not (_BROKEN and in_multi_worker_mode(strategy)):
@@ -79,3 +100,67 @@ def _reduce_scalars_whole(original, values, strategy, reduction):
       return strategy.reduce("MEAN", value, axis=None)
     return original(value, strategy, reduction)
   return tf.nest.map_structure(reduce, values)
+
+
+def _make_function_looping_in_graph(self, step_function):
+  """Keras's `_make_function` with the step inlined in one `tf.function` looping up to
+  `steps_per_execution` steps while data remain; returns the last step's outputs."""
+  one_step = getattr(type(self), "_make_function")(self, step_function)  # Keras's own.
+  strategy = self.distribute_strategy
+
+  def one_step_on_data(data):
+    return tf_trainer.reduce_per_replica(strategy.run(step_function, args=(data,)), strategy,
+                                         reduction="auto")
+
+
+  @tf.function(reduce_retracing=True)
+  def steps_on_iterator(iterator):
+    outputs = one_step_on_data(iterator.get_next())  # OutOfRange ends the epoch, as in Keras.
+    for _ in tf.range(self.steps_per_execution - 1):
+      data = iterator.get_next_as_optional()
+      if not data.has_value():
+        break
+      outputs = one_step_on_data(data.get_value())
+    return outputs
+
+  def function(iterator):
+    if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+      return steps_on_iterator(iterator)
+    return one_step(iterator)
+  return function
+
+
+def _accumulate_with_syncs_outside_cond(self, grads, trainable_variables):
+  """Gradient accumulation with the sync points (all-reduce, merge_call) run on every step and
+  only the choice between "update" and "accumulate" inside the cond, in cross-replica context.
+
+  The accumulators hold the all-reduced sum, the same on every replica (and on CentralStorage's
+  single copy); on every `steps`-th step the variables are updated with (accumulated + current)
+  / steps, clipped as Keras clips, and the accumulators are zeroed: Keras's arithmetic.
+  """
+  steps = self.gradient_accumulation_steps
+  accumulators = [self._accumulated_gradients[self._get_variable_index(v)].value
+                  for v in trainable_variables]
+  variables = [v.value for v in trainable_variables]
+  context = tf.distribute.get_replica_context()
+  reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+  averaged = self._clip_gradients([(g + a) / steps for g, a in zip(reduced, accumulators)])
+  learning_rate = self.learning_rate
+  is_update_step = (self._iterations + 1) % steps == 0
+
+  def update_or_accumulate(distribution, reduced, averaged):
+    def update():
+      self._apply_weight_decay(variables)
+      self._distributed_tf_update_step(distribution, list(zip(averaged, variables)),
+                                       learning_rate)
+      for a in accumulators:
+        distribution.extended.update(a, lambda v: v.assign(tf.zeros_like(v)), group=False)
+      return tf.constant(True)
+
+    def accumulate():
+      for g, a in zip(reduced, accumulators):
+        distribution.extended.update(a, lambda v, g: v.assign_add(g), args=(g,), group=False)
+      return tf.constant(False)
+    tf.cond(is_update_step, update, accumulate)
+
+  context.merge_call(update_or_accumulate, args=(reduced, averaged))

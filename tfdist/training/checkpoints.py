@@ -1,0 +1,117 @@
+"""Chief-aware files: a backup per task to resume a restarted cluster, per-epoch checkpoints
+and the final model written by the chief alone.
+
+Layout of `checkpoint.dir`:
+
+  backup/<task>-<index>/   Keras BackupAndRestore state of each task (weights, optimizer,
+                           epoch); removed when training finishes.
+  epoch-0003.weights.h5    the chief's checkpoints, the newest `max_to_keep` kept.
+  model.keras              the chief's final model.
+
+Every task writes (saving may need every worker's participation under MultiWorkerMirrored),
+but only the chief writes into `checkpoint.dir`; the others write into a temporary directory
+removed right after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import keras
+
+from tfdist.config.schema import Config
+
+FINAL_MODEL = "model.keras"
+EPOCH_CHECKPOINT = "epoch-{epoch:04d}.weights.h5"
+
+
+def is_chief(config: Config) -> bool:
+  """The chief task, or worker 0 of a cluster without one, or a process without a cluster."""
+  task = config.task
+  if task is None or config.cluster.is_empty:
+    return True
+  if config.cluster.chief:
+    return task.type == "chief"
+  return task.type == "worker" and task.index == 0
+
+
+def task_name(config: Config) -> str:
+  task = config.task
+  return "local" if task is None else f"{task.type}-{task.index}"
+
+
+@contextlib.contextmanager
+def writable_dir(config: Config, directory: str):
+  """`directory` on the chief; elsewhere a temporary directory, removed on exit."""
+  if is_chief(config):
+    os.makedirs(directory, exist_ok=True)
+    yield directory
+    return
+  scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name(config)}-")
+  try:
+    yield scratch
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Backup(keras.callbacks.BackupAndRestore):
+  """Keras's BackupAndRestore in a directory of this task's own: one directory shared by the
+  workers races (FileExistsError at the first epoch end, an h5 lock after a restart)."""
+
+  def __init__(self, config: Config):
+    self.directory = os.path.join(config.checkpoint.dir, "backup", task_name(config))
+    super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
+                     double_checkpoint=True)
+
+  def saved_epoch(self) -> int:
+    """The epoch training resumes at (0 when there is no backup)."""
+    for name in ("training_metadata.json", "training_metadata.json.bkp"):
+      with contextlib.suppress(OSError, ValueError, KeyError):
+        return int(json.loads(pathlib.Path(self.directory, name).read_text())["epoch"])
+    return 0
+
+  def on_train_end(self, logs=None):
+    super().on_train_end(logs)
+    with contextlib.suppress(OSError):  # The parent, once every task's backup is gone.
+      os.rmdir(os.path.dirname(self.directory))
+
+
+class EpochCheckpoint(keras.callbacks.Callback):
+  """Saves the weights at every epoch end: the chief into `checkpoint.dir`, keeping the newest
+  `max_to_keep`; other tasks into a temporary directory that is removed at once."""
+
+  def __init__(self, config: Config):
+    super().__init__()
+    self.config = config
+
+  def on_epoch_end(self, epoch, logs=None):
+    with writable_dir(self.config, self.config.checkpoint.dir) as directory:
+      self.model.save_weights(os.path.join(directory, EPOCH_CHECKPOINT.format(epoch=epoch + 1)))
+      if directory == self.config.checkpoint.dir:
+        _keep_newest(directory, self.config.checkpoint.max_to_keep)
+
+
+def _keep_newest(directory: str, count: int) -> None:
+  saved = sorted(pathlib.Path(directory).glob(EPOCH_CHECKPOINT.replace("{epoch:04d}", "*")))
+  for old in saved[:-count]:
+    old.unlink()
+
+
+def save_final_model(model, config: Config) -> str | None:
+  """Saves `model` as `checkpoint.dir/model.keras` on the chief; returns that path there."""
+  with writable_dir(config, config.checkpoint.dir) as directory:
+    path = os.path.join(directory, FINAL_MODEL)
+    model.save(path)
+  return path if is_chief(config) else None
+
+
+def callbacks(config: Config) -> list:
+  """The file callbacks the config asks for: backup first (it restores before the others run)."""
+  if not config.checkpoint.dir:
+    return []
+  return [Backup(config), EpochCheckpoint(config)]
