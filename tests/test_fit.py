@@ -33,6 +33,8 @@ def reference():
     if variant not in results:
       if variant == "steps_per_execution":  # Running 4 steps per call changes no arithmetic.
         results[variant] = get("plain")
+      elif variant == "shuffled_steps_per_execution":
+        results[variant] = get("shuffled")
       elif variant == "scaled_lr":  # One device is told the learning rate 2 replicas scale to.
         results[variant] = case.train({"strategy": "default"}, variant, 2 * case.LEARNING_RATE)
       else:
@@ -60,7 +62,8 @@ def test_training_actually_learns(reference):
   assert len(losses) == case.EPOCHS and losses[-1] < losses[0] - 0.05
 
 
-@pytest.mark.parametrize("strategy,variant", [("one_device", "plain")] + [
+@pytest.mark.parametrize("strategy,variant", [
+    ("one_device", "plain"), ("default", "shuffled_steps_per_execution")] + [
     (strategy, variant) for strategy in ("mirrored", "central_storage")
     for variant in case.VARIANTS])
 def test_single_machine_strategies_equal_one_device(strategy, variant, reference):
@@ -86,7 +89,7 @@ def test_multi_worker_mirrored_on_two_processes_equals_one_device(tmp_path, refe
 def test_learning_rate_is_scaled_by_replicas_and_warmed_up_over_an_epoch():
   x, y = case.data()
   config = {"strategy": "mirrored", "devices": {"logical_cpus": 2},
-            "training": {"scale_learning_rate": True, "warmup_epochs": 1}}
+            "training": {"scale_learning_rate": True, "warmup_epochs": 1, **case.BASE}}
   seen = []
   record = keras.callbacks.LambdaCallback(
       on_train_batch_begin=lambda batch, logs: seen.append(

@@ -99,7 +99,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     warmup = training.warmup_epochs * _steps_in_an_epoch(train, steps_per_epoch, config)
     schedule.scale_learning_rate(optimizer, multiplier, warmup)
   validation = _validation(validation_data, strategy, global_batch)
-  with keras_fixes.fixed_for(model, strategy):
+  with keras_fixes.fixed_for(model, strategy, steps_per_epoch):
     history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
                         validation_data=validation, callbacks=files + callbacks, shuffle=False,
                         **fit_kwargs)

@@ -40,18 +40,22 @@ def _mirrors(strategy) -> bool:
 
 
 @contextlib.contextmanager
-def fixed_for(model, strategy):
-  """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`."""
+def fixed_for(model, strategy, steps_per_epoch: int | None = None):
+  """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
+  `steps_per_epoch` is the fit's, when it passes one to Keras."""
   if _BROKEN and _replicated(strategy) and getattr(model.optimizer, "gradient_accumulation_steps",
                                                    None):
     # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
     # point) inside a cond, which tf.distribute refuses.
     model.optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
                                                                 model.optimizer)
-  if _BROKEN and _mirrors(strategy) and model.steps_per_execution > 1:
+  if _BROKEN and model.steps_per_execution > 1 and (_mirrors(strategy) or steps_per_epoch):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
-    model._make_function = types.MethodType(_make_function_looping_in_graph, model)
+    # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
+    # whatever is left of the epoch: it eats the next epoch's batches.
+    model._make_function = types.MethodType(
+        lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch), model)
   if _BROKEN and _central_storage(strategy):
     model._maybe_symbolic_build = types.MethodType(_build_with_summed_metric_deltas, model)
   if not (_BROKEN and in_multi_worker_mode(strategy)):
@@ -102,9 +106,10 @@ def _reduce_scalars_whole(original, values, strategy, reduction):
   return tf.nest.map_structure(reduce, values)
 
 
-def _make_function_looping_in_graph(self, step_function):
+def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None):
   """Keras's `_make_function` with the step inlined in one `tf.function` looping up to
-  `steps_per_execution` steps while data remain; returns the last step's outputs."""
+  `steps_per_execution` steps while data remain, never past the end of an epoch of
+  `steps_per_epoch` steps (for the training function); returns the last step's outputs."""
   one_step = getattr(type(self), "_make_function")(self, step_function)  # Keras's own.
   strategy = self.distribute_strategy
 
@@ -114,19 +119,26 @@ def _make_function_looping_in_graph(self, step_function):
 
 
   @tf.function(reduce_retracing=True)
-  def steps_on_iterator(iterator):
+  def steps_on_iterator(iterator, steps):
     outputs = one_step_on_data(iterator.get_next())  # OutOfRange ends the epoch, as in Keras.
-    for _ in tf.range(self.steps_per_execution - 1):
+    for _ in tf.range(steps - 1):
       data = iterator.get_next_as_optional()
       if not data.has_value():
         break
       outputs = one_step_on_data(data.get_value())
     return outputs
 
+  training = step_function == self.train_step
+  done_in_epoch = [0]  # Keras calls the function ceil(steps_per_epoch / steps) times an epoch.
+
   def function(iterator):
-    if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-      return steps_on_iterator(iterator)
-    return one_step(iterator)
+    if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+      return one_step(iterator)
+    steps = self.steps_per_execution
+    if training and steps_per_epoch:
+      steps = min(steps, steps_per_epoch - done_in_epoch[0])
+      done_in_epoch[0] = (done_in_epoch[0] + steps) % steps_per_epoch
+    return steps_on_iterator(iterator, tf.constant(steps))
   return function
 
 
