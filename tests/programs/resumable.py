@@ -48,6 +48,7 @@ class Progress:
 
 
 if __name__ == "__main__":
+  print(f"PID {os.getpid()}", flush=True)
   config = tfdist.load_config()
   model = train(config, [Progress(f"{config.task.type}-{config.task.index}")])
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),

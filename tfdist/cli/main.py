@@ -10,12 +10,12 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, serve
+from tfdist.cli import check, launch, serve
 from tfdist.cli.flags import define_flags
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
-COMMANDS = {"check": check, "serve": serve}
+COMMANDS = {"check": check, "launch": launch, "serve": serve}
 
 
 def _usage() -> str:

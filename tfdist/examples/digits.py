@@ -7,7 +7,7 @@ inside the scikit-learn wheel: no download) under the strategy a tfdist config n
 from __future__ import annotations
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 import tfdist
 
@@ -48,6 +48,7 @@ def compile_args():
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines (one per all-reduce).
   config = tfdist.load_config(FLAGS.config)
   (x_train, y_train), (x_test, y_test) = load_digits()
   history = tfdist.fit(lambda: make_model(config.training.seed or 1), x_train, y_train,

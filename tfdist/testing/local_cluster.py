@@ -14,21 +14,10 @@ import sys
 import time
 from typing import Iterator, Mapping, Sequence
 
-import portpicker
-
 from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import ClusterConfig, TaskConfig
 from tfdist.config.tf_config import tf_config_json, with_local_addresses
-
-
-def free_ports(count: int) -> list[int]:
-  """`count` distinct free TCP ports, from the port picker TensorFlow's own tests use."""
-  ports: list[int] = []
-  while len(ports) < count:
-    port = portpicker.pick_unused_port()
-    if port not in ports:
-      ports.append(port)
-  return ports
+from tfdist.launch.ports import free_ports
 
 
 def local_cluster(cluster: ClusterConfig) -> ClusterConfig:

@@ -1,0 +1,245 @@
+"""`tfdist launch`: the plan as data, and real clusters launched through the CLI, trained to the
+end, killed, restarted, interrupted and started with a missing peer."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tfdist
+from tfdist import ConfigError
+from tfdist.config.schema import TaskConfig
+from tfdist.launch.plan import plan_launch, public_addresses
+from tests.conftest import PROGRAMS, REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+def test_local_synchronous_cluster_plan(write_config, tmp_path):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  plan = plan_launch(tfdist.load_config(path, environ={}), str(path), ["python", "train.py"],
+                     log_dir=str(tmp_path), ports=[4001, 4002])
+  assert plan.restart_scope == "cluster"
+  assert [(p.name, p.address, p.argv, p.serves) for p in plan.processes] == [
+      ("worker-0", "127.0.0.1:4001", ("python", "train.py"), False),
+      ("worker-1", "127.0.0.1:4002", ("python", "train.py"), False)]
+  env = dict(plan.processes[1].env)
+  assert json.loads(env["TF_CONFIG"]) == {
+      "cluster": {"worker": ["127.0.0.1:4001", "127.0.0.1:4002"]},
+      "task": {"type": "worker", "index": 1}}
+  assert env["TFDIST_CONFIG"] == str(path)
+  assert plan.processes[0].log == str(tmp_path / "worker-0.log")
+
+
+def test_parameter_server_plan_starts_servers_first(write_config, tmp_path):
+  path = write_config("cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\n"
+                      "strategy: parameter_server\n")
+  plan = plan_launch(tfdist.load_config(path, environ={}), str(path), ["python", "train.py"],
+                     log_dir=str(tmp_path), ports=[1, 2, 3, 4, 5], python="py")
+  assert plan.restart_scope == "task"
+  assert [p.name for p in plan.processes] == ["worker-0", "worker-1", "ps-0", "chief-0",
+                                              "evaluator-0"]
+  assert plan.processes[2].argv == ("py", "-m", "tfdist", "serve", str(path), "--task", "ps:0")
+  assert plan.processes[3].argv == plan.processes[4].argv == ("python", "train.py")
+  assert plan.processes[4].address is None  # An evaluator serves nothing.
+
+
+def test_one_task_of_a_real_cluster(write_config, tmp_path):
+  path = write_config('cluster: {worker: ["10.0.0.1:2222", "10.0.0.2:2222"]}\n')
+  plan = plan_launch(tfdist.load_config(path, environ={}), str(path), ["python", "t.py"],
+                     log_dir=str(tmp_path), task=TaskConfig("worker", 1))
+  (only,) = plan.processes
+  assert only.address == "10.0.0.2:2222"
+  assert json.loads(dict(only.env)["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize("yaml,command,task,message", [
+    ("strategy: default\n", ["python"], None, r"cluster: must name the tasks to launch"),
+    ("cluster: {worker: 2}\n", [], None, r"command: must be given after --"),
+    ("cluster: {worker: 2}\n", ["python"], TaskConfig("worker", 1),
+     r"--task: names a task of a real cluster: give the cluster's addresses"),
+])
+def test_plan_errors(write_config, tmp_path, yaml, command, task, message):
+  path = write_config(yaml)
+  with pytest.raises(ConfigError, match=message):
+    plan_launch(tfdist.load_config(path, environ={}), str(path), command, log_dir=str(tmp_path),
+                ports=[1, 2], task=task)
+
+
+def test_public_addresses_are_named(write_config):
+  path = write_config('cluster: {worker: ["10.0.0.1:1", "127.0.0.1:2", "8.8.8.8:3", '
+                      '"node-3:4", "[::1]:5"]}\n')
+  assert public_addresses(tfdist.load_config(path, environ={})) == ["8.8.8.8:3"]
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+def launch(*args, timeout=240):
+  return subprocess.run([sys.executable, "-m", "tfdist", "launch", *args], env=ENV, cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+  result = launch(str(REPO / "configs" / "multi_worker_mirrored.yaml"), "--dry-run",
+                  "--logs", str(tmp_path), "--", "python", "train.py")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("tfdist launch: 2 process(es), restart scope: cluster\n")
+  assert re.search(r"worker-1 +127\.0\.0\.1:\d+ +log .*worker-1\.log\n +\$ python train\.py",
+                   result.stdout)
+  assert os.listdir(tmp_path) == []
+
+
+def test_public_address_warning_and_missing_command(write_config):
+  path = write_config('cluster: {worker: ["8.8.8.8:2222"]}\n')
+  result = launch(str(path), "--task", "worker:0", "--dry-run", "--", "python")
+  assert result.returncode == 0
+  assert ("warning: 8.8.8.8:2222 is a public address; TensorFlow's gRPC servers have no "
+          "authentication") in result.stderr
+  result = launch(str(path), "--task", "worker:0")
+  assert result.returncode == 2
+  assert result.stderr.strip().endswith("command: must be given after --, e.g. tfdist launch "
+                                        "CONFIG -- python train.py. Received: 'nothing'")
+
+
+def test_two_worker_cluster_trains_to_the_end(write_config, tmp_path):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  result = launch(str(path), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                  str(PROGRAMS / "equivalence_case.py"), "plain")
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  for name in ("worker-0", "worker-1"):
+    assert f"[{name}] RESULT plain " in result.stdout
+    assert "RESULT plain " in (tmp_path / "logs" / f"{name}.log").read_text()
+  assert "[tfdist launch] every task finished: done" in result.stdout
+
+
+def test_parameter_server_cluster_runs_its_chief_against_served_workers(write_config, tmp_path):
+  path = write_config("cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n")
+  result = launch(str(path), "--logs", str(tmp_path), "--", sys.executable,
+                  str(PROGRAMS / "ps_chief.py"))
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  assert ("[chief-0] variable_device=/job:ps/replica:0/task:0/device:CPU:0 "
+          "results=[42.0, 42.0, 42.0, 42.0]") in result.stdout
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+def start_launch(*args):
+  return subprocess.Popen([sys.executable, "-m", "tfdist", "launch", *args], env=ENV, cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+
+
+def read_until(process, pattern, timeout, seen):
+  """Reads the launcher's output into `seen` until a line matches; returns the match."""
+  deadline = time.monotonic() + timeout
+  os.set_blocking(process.stdout.fileno(), False)
+  while time.monotonic() < deadline:
+    line = process.stdout.readline()
+    if not line:
+      if process.poll() is not None:
+        break
+      time.sleep(0.1)
+      continue
+    seen.append(line)
+    match = re.search(pattern, line)
+    if match:
+      return match
+  os.killpg(process.pid, signal.SIGKILL)
+  pytest.fail(f"no {pattern!r} in {timeout} s:\n{''.join(seen)[-3000:]}")
+
+
+def finish(process, timeout, seen):
+  os.set_blocking(process.stdout.fileno(), True)
+  try:
+    rest, _ = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    raise
+  return "".join(seen) + rest
+
+
+def resumable_launch(write_config, tmp_path, *flags):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                      f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
+  env_command = ["env", "PAUSE_AFTER_EPOCH=3", sys.executable, str(PROGRAMS / "resumable.py")]
+  return start_launch(str(path), "--logs", str(tmp_path / "logs"), "--grace-period", "2",
+                      *flags, "--", *env_command)
+
+
+def pids(output):
+  return [int(p) for p in re.findall(r"\[worker-\d\] PID (\d+)", output)]
+
+
+def test_killed_worker_restarts_the_cluster_which_finishes_every_epoch(write_config, tmp_path):
+  seen = []
+  launcher = resumable_launch(write_config, tmp_path, "--max-restarts", "1")
+  read_until(launcher, r"\[worker-1\] EPOCH_END 2", 180, seen)
+  worker_1 = int(re.search(r"\[worker-1\] PID (\d+)", "".join(seen)).group(1))
+  os.kill(worker_1, signal.SIGKILL)
+  output = finish(launcher, 240, seen)
+  assert launcher.returncode == 0, output[-3000:]
+  assert "worker-1 failed first (exit code -9): the root cause" in output
+  assert "restarting the whole cluster" in output
+  after = output.split("restarting the whole cluster", 1)[1]
+  for name in ("worker-0", "worker-1"):
+    epochs = re.findall(rf"\[{name}\] EPOCH_BEGIN (\d)", after)
+    assert epochs == ["3", "4", "5"], after[-3000:]  # Resumed at epoch 4 of 6, to the end.
+    assert f"[{name}] RESULT " in after
+
+
+def test_without_restarts_a_killed_worker_fails_fast_naming_it(write_config, tmp_path):
+  seen = []
+  launcher = resumable_launch(write_config, tmp_path, "--max-restarts", "0")
+  read_until(launcher, r"\[worker-1\] EPOCH_END 2", 180, seen)
+  worker_1 = int(re.search(r"\[worker-1\] PID (\d+)", "".join(seen)).group(1))
+  killed_at = time.monotonic()
+  os.kill(worker_1, signal.SIGKILL)
+  output = finish(launcher, 60, seen)
+  assert launcher.returncode == 1
+  assert time.monotonic() - killed_at < 10
+  assert "worker-1 failed first (exit code -9): the root cause" in output
+  assert "no restarts left (--max-restarts): stopping every task" in output
+  for pid in pids(output):
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+
+
+def test_missing_peer_fails_at_the_startup_deadline_naming_it(write_config, tmp_path):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  program = ("import json, os, time\n"
+             "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+             "  time.sleep(600)  # Never comes up.\n"
+             "import tfdist\n"
+             "tfdist.make_strategy()  # Waits for its peer forever.\n")
+  started = time.monotonic()
+  result = launch(str(path), "--logs", str(tmp_path), "--startup-timeout", "20",
+                  "--grace-period", "2", "--", sys.executable, "-c", program, timeout=120)
+  assert result.returncode == 3, result.stdout[-3000:]
+  assert re.search(r"start-up deadline: worker-1 \(127\.0\.0\.1:\d+\) did not come up in 20 s",
+                   result.stdout)
+  assert "worker-0" not in result.stdout.split("start-up deadline:")[1].split("\n")[0]
+  assert time.monotonic() - started < 60
+
+
+def test_sigint_stops_every_task_within_10_seconds(write_config, tmp_path):
+  seen = []
+  launcher = resumable_launch(write_config, tmp_path)
+  read_until(launcher, r"\[worker-1\] EPOCH_END 0", 180, seen)
+  children = pids("".join(seen))
+  assert len(children) == 2
+  os.killpg(launcher.pid, signal.SIGINT)  # As Ctrl-C in a terminal: the whole group.
+  interrupted_at = time.monotonic()
+  output = finish(launcher, 30, seen)
+  assert time.monotonic() - interrupted_at < 10
+  assert launcher.returncode == 130, output[-3000:]
+  assert "SIGINT received: stopping every task" in output
+  for pid in children:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)

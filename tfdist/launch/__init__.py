@@ -1,0 +1,2 @@
+"""`tfdist launch`: a cluster planned as data (plan.py), then started and supervised
+(supervisor.py)."""

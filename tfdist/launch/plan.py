@@ -1,0 +1,132 @@
+"""A launch as data: which processes, with which command, environment and log file.
+
+Pure: the config, the user's command, the ports and paths are arguments; nothing is started.
+`tfdist launch --dry-run` prints the plan; the supervisor starts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import sys
+from typing import Sequence
+
+from tfdist.config.loader import CONFIG_ENV
+from tfdist.config.schema import Config, TaskConfig
+from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
+from tfdist.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessPlan:
+  """One process of a launch.
+
+  Attributes:
+    task: the task it runs.
+    argv: its command.
+    env: the variables it gets on top of the launcher's environment.
+    log: its log file.
+    serves: True for a parameter-server cluster's worker and ps servers, which never exit by
+      themselves; False for the processes running the user's command.
+    address: the host:port its TensorFlow server listens on; None for an evaluator (it serves
+      nothing).
+  """
+  task: TaskConfig
+  argv: tuple[str, ...]
+  env: tuple[tuple[str, str], ...]
+  log: str
+  serves: bool
+  address: str | None
+
+  @property
+  def name(self) -> str:
+    return f"{self.task.type}-{self.task.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+  """Every process of a launch and how a failure is handled.
+
+  Attributes:
+    processes: the processes, in start order (servers first).
+    restart_scope: "cluster" (synchronous training restarts as a whole) or "task"
+      (parameter-server training restarts a failed worker alone).
+  """
+  processes: tuple[ProcessPlan, ...]
+  restart_scope: str
+
+  def describe(self) -> str:
+    """The plan as the block the launcher logs and `--dry-run` prints."""
+    lines = [f"tfdist launch: {len(self.processes)} process(es), restart scope: "
+             f"{self.restart_scope}"]
+    for p in self.processes:
+      lines.append(f"  {p.name:<12} {p.address or '(no server)':<22} log {p.log}")
+      lines.append(f"  {'':<12} $ {' '.join(p.argv)}")
+      lines += [f"  {'':<12}   {key}={value}" for key, value in p.env]
+    return "\n".join(lines)
+
+
+def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
+                ports: Sequence[int] = (), task: TaskConfig | None = None,
+                python: str = sys.executable) -> LaunchPlan:
+  """Plans the processes of `config`'s cluster on this host.
+
+  Args:
+    config: the validated config, as loaded from `config_path`.
+    config_path: the config file, passed on to every process (`TFDIST_CONFIG`).
+    command: the user's training command, run by the chief, the workers of a synchronous
+      cluster and the evaluator.
+    log_dir: where each process's log goes (`<type>-<index>.log`).
+    ports: one free port per task, for a cluster given by counts (a local cluster).
+    task: run only this task (one role on this host of a real cluster); None runs them all.
+    python: the interpreter that runs `tfdist serve` for parameter-server servers.
+
+  Raises:
+    ConfigError: there is no cluster, no command, a local cluster without ports, or `task` on
+      a cluster given by counts.
+  """
+  cluster = config.cluster
+  if cluster.is_empty:
+    raise ConfigError("must name the tasks to launch (e.g. cluster: {worker: 2})",
+                      key="cluster", received={}, source=config.source)
+  if not command:
+    raise ConfigError("must be given after --, e.g. tfdist launch CONFIG -- python train.py",
+                      key="command", received="nothing")
+  if not cluster.has_addresses:
+    if task is not None:
+      raise ConfigError("names a task of a real cluster: give the cluster's addresses "
+                        "(worker: [\"host:port\", ...]), not counts", key="--task",
+                        received=str(task), source=config.source)
+    cluster = with_local_addresses(cluster, ports)
+  config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
+  asynchronous = config.strategy.name == "parameter_server"
+  processes = []
+  for t in cluster.tasks():
+    if task is not None and t != task:
+      continue
+    serves = asynchronous and t.type in ("worker", "ps")
+    argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
+            if serves else tuple(command))
+    env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path))
+    address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
+    processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
+                                 serves, address))
+  processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
+  return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster")
+
+
+def public_addresses(config: Config) -> list[str]:
+  """The config's addresses outside loopback and private ranges (TensorFlow's gRPC servers have
+  no authentication: such a cluster is open to whoever can reach it)."""
+  found = []
+  for addresses in (config.cluster.addresses or {}).values():
+    for address in addresses:
+      host, _ = split_address(address)
+      try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+      except ValueError:
+        continue  # A host name: its address is not known here.
+      if not (ip.is_private or ip.is_loopback or ip.is_link_local):
+        found.append(address)
+  return found
