@@ -78,8 +78,9 @@ def interleave(contenders: Mapping[str, Callable[[], float]], rounds: int) -> di
 def table(results: Mapping[str, list[float]], baseline: str, unit: str = "samples/s") -> str:
   base = statistics.median(results[baseline])
   rows = [f"| contender | median {unit} | runs | ratio to {baseline} |", "|---|---|---|---|"]
+  digits = 0 if base >= 100 else 2
   for name, values in results.items():
     median = statistics.median(values)
-    runs = ", ".join(f"{v:,.0f}" for v in values)
-    rows.append(f"| {name} | {median:,.0f} | {runs} | {median / base:.2f} |")
+    runs = ", ".join(f"{v:,.{digits}f}" for v in values)
+    rows.append(f"| {name} | {median:,.{digits}f} | {runs} | {median / base:.2f} |")
   return "\n".join(rows)

@@ -243,3 +243,16 @@ def test_sigint_stops_every_task_within_10_seconds(write_config, tmp_path):
   for pid in children:
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+def test_readme_main_job_trains_the_example_on_a_local_two_worker_cluster(tmp_path):
+  readme = (REPO / "README.md").read_text()
+  command = re.search(r'pip install -e "\.\[cpu,examples\]" && (tfdist launch .*)', readme).group(1)
+  argv = command.split()
+  assert argv[:3] == ["tfdist", "launch", "configs/multi_worker_mirrored.yaml"]
+  result = launch(*argv[2:3], "--logs", str(tmp_path), *argv[3:])
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  accuracy = [float(a) for a in re.findall(
+      r"\[worker-\d\] test loss [\d.]+ accuracy ([\d.]+) \(multi_worker_mirrored, 2 replicas\)",
+      result.stdout)]
+  assert len(accuracy) == 2 and accuracy[0] == accuracy[1] > 0.85

@@ -1,0 +1,64 @@
+"""Time from start to the first finished training step of a local 2-worker MultiWorkerMirrored
+cluster: `tfdist launch` vs the same two processes started by hand with their TF_CONFIG.
+Target: ratio <= 1.1.
+
+  python -m benchmarks.bench_launch_latency [--rounds 3]
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from benchmarks import common
+
+flags.DEFINE_integer("rounds", 3, "Interleaved runs of each contender.")
+FLAGS = flags.FLAGS
+PROGRAM = [sys.executable, "-m", "benchmarks.first_step"]
+CONFIG = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\ntraining: {steps_per_execution: 1}\n"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _first_steps(texts) -> float:
+  return max(float(t) for text in texts for t in re.findall(r"FIRST_STEP ([\d.]+)", text))
+
+
+def with_launcher(config: str) -> float:
+  start = time.time()
+  out = subprocess.run([sys.executable, "-m", "tfdist", "launch", config, "--", *PROGRAM],
+                       capture_output=True, text=True, check=True, cwd=REPO, timeout=300).stdout
+  return _first_steps([out]) - start
+
+
+def by_hand(config: str) -> float:
+  from tfdist.config import load_config
+  from tfdist.config.tf_config import tf_config_json
+  from tfdist.launch.ports import free_ports
+  from tfdist.config.tf_config import with_local_addresses
+  cluster = load_config(config, environ={}).cluster
+  start = time.time()
+  cluster = with_local_addresses(cluster, free_ports(2))
+  processes = [subprocess.Popen(PROGRAM, cwd=REPO, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "TF_CONFIG": tf_config_json(cluster, task),
+                                     "TFDIST_CONFIG": config})
+               for task in cluster.tasks()]
+  outs = [p.communicate(timeout=300)[0] for p in processes]
+  return _first_steps(outs) - start
+
+
+def main(argv):
+  del argv
+  with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+    f.write(CONFIG)
+  results = common.interleave({"by hand": lambda: by_hand(f.name),
+                               "tfdist launch": lambda: with_launcher(f.name)}, FLAGS.rounds)
+  print(common.table(results, "by hand", unit="seconds to first step"))
+
+
+if __name__ == "__main__":
+  app.run(main)
