@@ -119,7 +119,6 @@ class Supervisor:
         self._stop(self._running)
         if outcome is not None:
           return outcome
-        self.restarts_left -= 1
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)
@@ -151,32 +150,27 @@ class Supervisor:
       failed = failed or next((r for r in self._running if r.plan.serves and
                                r.process.poll() is not None), None)
       if failed is not None:
-        restarted = self._after_failure(plan, failed)
-        if restarted is not True:
-          return restarted
+        self._report_root_cause(failed)
+        if self.restarts_left <= 0:
+          self.say("no restarts left (--max-restarts): stopping every task")
+          return Outcome(TASK_FAILED,
+                         f"{failed.plan.name} exited with {failed.process.returncode}")
+        self.restarts_left -= 1
+        if plan.restart_scope == "cluster" or failed.plan.task.type != "worker":
+          self.say(f"restarting the whole cluster ({self.restarts_left} restart(s) left after "
+                   "this); training resumes from its backup")
+          return None
+        self.say(f"restarting {failed.plan.name} alone ({self.restarts_left} restart(s) left)")
+        self._running[self._running.index(failed)] = self._start(failed.plan)
       elif all(r.process.poll() == 0 for r in workers):
         self.say("every task finished: done")
         return Outcome(OK, "done")
       time.sleep(0.1)
 
-  def _after_failure(self, plan: LaunchPlan, failed: Running) -> Outcome | None | bool:
-    """The root cause reported; then a restart (None: of the cluster; True: of the task,
-    already done) or the final Outcome."""
-    code = failed.process.returncode
+  def _report_root_cause(self, failed: Running) -> None:
     failed.pump.join(timeout=2)
-    self.say(f"{failed.plan.name} failed first (exit code {code}): the root cause. Its log "
-             f"({failed.plan.log}) ends:\n" + _tail(failed.plan.log))
-    if self.restarts_left <= 0:
-      self.say("no restarts left (--max-restarts): stopping every task")
-      return Outcome(TASK_FAILED, f"{failed.plan.name} exited with {code}")
-    if plan.restart_scope == "task" and failed.plan.task.type == "worker":
-      self.restarts_left -= 1
-      self.say(f"restarting {failed.plan.name} alone ({self.restarts_left} restart(s) left)")
-      self._running[self._running.index(failed)] = self._start(failed.plan)
-      return True
-    self.say(f"restarting the whole cluster ({self.restarts_left - 1} restart(s) left after "
-             "this); training resumes from its backup")
-    return None
+    self.say(f"{failed.plan.name} failed first (exit code {failed.process.returncode}): the "
+             f"root cause. Its log ({failed.plan.log}) ends:\n" + _tail(failed.plan.log))
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
