@@ -20,3 +20,21 @@ def define_flags() -> None:
                      "stopping tasks.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "
                       "tfdist-logs/<date-time>.")
+  flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "
+                    "Slurm's environment (one srun task per task; see `tfdist export slurm`).")
+  flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "
+                    "stopped (for engines that restart exited containers, like StatefulSets).")
+  flags.DEFINE_integer("port", 2222, "export, launch --slurm: every task's server port (on "
+                       "Slurm the first; tasks sharing a node count up from it).",
+                       lower_bound=1, upper_bound=65535)
+  flags.DEFINE_integer("nodes", None, "export slurm: nodes to spread the tasks over; default "
+                       "one per task.", lower_bound=1)
+  flags.DEFINE_integer("gpus-per-task", 0, "export slurm: GPUs Slurm binds to each task.",
+                       lower_bound=0)
+  flags.DEFINE_string("image", None, "export kubernetes: the container image holding tfdist "
+                      "and the training script.")
+  flags.DEFINE_enum("kind", "tfjob", ["tfjob", "statefulset"], "export kubernetes: a Kubeflow "
+                    "TFJob (the training operator sets TF_CONFIG) or plain StatefulSets and "
+                    "headless Services.")
+  flags.DEFINE_string("name", None, "export: the job's name; default the config file's name.")
+  flags.DEFINE_string("namespace", "default", "export kubernetes: the namespace.")

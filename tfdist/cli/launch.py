@@ -1,9 +1,10 @@
-"""`tfdist launch CONFIG [--task TYPE:INDEX] [--dry-run] [--max-restarts N] -- COMMAND...`:
+"""`tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--max-restarts N] -- COMMAND`:
 every task of the config's cluster on this machine (a cluster given by counts: 127.0.0.1 and
-free ports), or one task of a real cluster on this host, supervised."""
+free ports, held until the launch ends), or one task of a real cluster on this host, supervised."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -12,7 +13,8 @@ from absl import flags
 from tfdist.config import load_config
 from tfdist.config.loader import parse_task_flag
 
-USAGE = "tfdist launch CONFIG [--task TYPE:INDEX] [--dry-run] [--max-restarts N] -- COMMAND"
+USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--max-restarts N] "
+         "-- COMMAND")
 FLAGS = flags.FLAGS
 
 
@@ -24,26 +26,46 @@ def run(args: list[str], task: str | None) -> int:
   config_path, command = args[0], args[1:]
   config = load_config(config_path, environ={})  # The file alone: the launcher sets TF_CONFIG.
   only = parse_task_flag(task, config.source) if task else None
+  if FLAGS.slurm:
+    from tfdist.export.slurm import cluster_from_slurm
+    config = cluster_from_slurm(config, FLAGS.port)
+    only = config.task
   log_dir = FLAGS.logs or f"tfdist-logs/{time.strftime('%Y%m%d-%H%M%S')}"
-  tasks = 1 if only else len(config.cluster.tasks())
+  held = []  # The ports of the running plan, held until it ends.
 
   def make_plan():
-    return plan.plan_launch(
-        config, config_path, command, log_dir=log_dir, task=only,
-        ports=() if config.cluster.has_addresses else ports.free_ports(tasks))
+    while held:
+      held.pop().close()
+    if not config.cluster.has_addresses:
+      held.append(ports.HeldPorts(len(config.cluster.tasks())))
+    return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=only,
+                            ports=held[0].ports if held else ())
 
-  first = make_plan()  # Plans (and so checks) before anything starts.
-  for address in plan.public_addresses(config):
-    print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
-          "have no authentication: run the cluster on a trusted, private network",
-          file=sys.stderr)
-  if FLAGS["dry-run"].value:
-    print(first.describe())
-    return 0
-  plans = iter([first])
-  outcome = supervisor.Supervisor(
-      lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
-      max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value).run()
+  try:
+    first = make_plan()  # Plans (and so checks) before anything starts.
+    for address in plan.public_addresses(config):
+      print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
+            "have no authentication: run the cluster on a trusted, private network",
+            file=sys.stderr)
+    if FLAGS["dry-run"].value:
+      print(first.describe())
+      return 0
+    plans = iter([first])
+    outcome = supervisor.Supervisor(
+        lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
+        max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value).run()
+  finally:
+    while held:
+      held.pop().close()
   print(f"tfdist launch: {outcome.message} (exit code {outcome.code}); logs in {log_dir}",
         file=sys.stderr)
+  if outcome.code == supervisor.OK and FLAGS["keep-alive"].value:
+    _wait_until_stopped()
   return outcome.code
+
+
+def _wait_until_stopped() -> None:
+  print("tfdist launch: --keep-alive: staying up until stopped", file=sys.stderr, flush=True)
+  stop = {signal.SIGINT, signal.SIGTERM}
+  signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+  signal.sigwait(stop)

@@ -10,12 +10,12 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, launch, serve
+from tfdist.cli import check, export, launch, serve
 from tfdist.cli.flags import define_flags
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
-COMMANDS = {"check": check, "launch": launch, "serve": serve}
+COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export}
 
 
 def _usage() -> str:

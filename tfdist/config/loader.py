@@ -318,10 +318,14 @@ def _merge_tf_config(config: Config, document: Mapping) -> Config:
     if env_cluster.addresses is None and not env_cluster.is_empty:
       raise ConfigError('must list "host:port" addresses, not counts', key="cluster",
                         received=dict(document["cluster"]))
-    if not config.cluster.is_empty and config.cluster.counts() != env_cluster.counts():
+    expected = config.cluster.counts()
+    if "evaluator" not in env_cluster.counts() and "evaluator" in expected:
+      # TF_CONFIG may leave the evaluator out of the cluster (Kubeflow's TFJob does): it serves
+      # nothing, so its address is not needed. Keep its count from the file.
+      env_cluster = dataclasses.replace(env_cluster, evaluator=config.cluster.evaluator)
+    if not config.cluster.is_empty and expected != env_cluster.counts():
       raise ConfigError(f"must have the job sizes of {config.source or 'the config'} "
-                        f"({config.cluster.counts()})", key="cluster",
-                        received=env_cluster.counts())
+                        f"({expected})", key="cluster", received=env_cluster.counts())
     changes["cluster"] = env_cluster
   if "task" in document:
     changes["task"] = _parse_task(document["task"])
@@ -332,7 +336,8 @@ def _merge_tf_config(config: Config, document: Mapping) -> Config:
 def config_to_dict(config: Config) -> dict:
   """The config as plain data in the YAML's shape; `load_config` of it gives `config` back."""
   cluster = config.cluster
-  document = {"cluster": ({job: list(cluster.addresses[job]) for job in cluster.jobs}
+  document = {"cluster": ({job: list(cluster.addresses[job]) for job in cluster.jobs
+                           if job in cluster.addresses}
                           if cluster.has_addresses else cluster.counts())}
   if config.task is not None:
     document["task"] = {"type": config.task.type, "index": config.task.index}

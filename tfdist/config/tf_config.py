@@ -83,7 +83,7 @@ def cluster_spec(cluster: ClusterConfig, *, include_evaluator: bool = True) -> d
   if cluster.addresses is None:
     raise ValueError("the cluster is given by counts; assign addresses first")
   return {job: list(cluster.addresses[job]) for job in cluster.jobs
-          if include_evaluator or job != "evaluator"}
+          if job in cluster.addresses and (include_evaluator or job != "evaluator")}
 
 
 def tf_config_for(cluster: ClusterConfig, task: TaskConfig) -> dict:

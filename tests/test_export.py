@@ -1,0 +1,273 @@
+"""`tfdist export slurm|kubernetes`: the generated documents' structure, the TF_CONFIG each
+task or replica would see, and the generated sbatch script run end to end (Slurm itself cannot
+run here: `tests/fakes/srun` starts the script's tasks on this machine with the environment
+srun gives them)."""
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import tfdist
+from tfdist import ConfigError
+from tfdist.export import kubernetes, slurm
+from tfdist.launch.plan import plan_launch
+from tfdist.launch.ports import HeldPorts
+from tests.conftest import PROGRAMS, REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+PS_CLUSTER = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
+
+
+def tfdist_cli(*args, env=ENV, timeout=120):
+  return subprocess.run([sys.executable, "-m", "tfdist", *args], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+# -- Slurm -------------------------------------------------------------------------------------
+
+def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write_config):
+  path = write_config(PS_CLUSTER)
+  script = slurm.sbatch_script(tfdist.load_config(path, environ={}), str(path),
+                               ["python", "train.py", "--lr", "0.1 0.2"], job_name="run",
+                               nodes=2, port=3000, gpus_per_task=1)
+  directives = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines()
+                    if line.startswith("#SBATCH"))
+  assert directives == {"job-name": "run", "ntasks": "4", "nodes": "2",
+                        "output": "run-%j.out", "gpus-per-task": "1"}
+  (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+  assert shlex.split(srun) == [
+      "srun", "--kill-on-bad-exit=1", "python", "-m", "tfdist", "launch", str(path), "--slurm",
+      "--port", "3000", "--", "python", "train.py", "--lr", "0.1 0.2"]
+
+
+def slurm_env(monkeypatch, rank, tasks=4, nodes="node[1-2]", per_node="2(x2)"):
+  for name, value in {"SLURM_PROCID": rank, "SLURM_STEP_NUM_TASKS": tasks,
+                      "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": per_node}.items():
+    monkeypatch.setenv(name, str(value))
+
+
+def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeypatch, tmp_path):
+  path = write_config(PS_CLUSTER)
+  config = tfdist.load_config(path, environ={})
+  cluster = {"chief": ["node1:3000"], "ps": ["node1:3001"],
+             "worker": ["node2:3000", "node2:3001"]}
+  roles = [("chief", 0, False), ("ps", 0, True), ("worker", 0, True), ("worker", 1, True)]
+  for rank, (job, index, serves) in enumerate(roles):
+    slurm_env(monkeypatch, rank)
+    resolved = slurm.cluster_from_slurm(config, port=3000)
+    (process,) = plan_launch(resolved, str(path), ["python", "t.py"], log_dir=str(tmp_path),
+                             task=resolved.task).processes
+    assert json.loads(dict(process.env)["TF_CONFIG"]) == {
+        "cluster": cluster, "task": {"type": job, "index": index}}
+    assert process.serves is serves
+    assert process.argv[-5:] == (("tfdist", "serve", str(path), "--task", f"{job}:{index}")
+                                 if serves else ("python", "t.py"))
+
+
+@pytest.mark.parametrize("env,message", [
+    ({}, r"--slurm: needs the environment of an srun task of 4 task\(s\): SLURM_PROCID not "
+         r"found in environment.*Received: 'no SLURM_PROCID'"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1",
+      "SLURM_STEP_TASKS_PER_NODE": "3"}, r"Requested 4 tasks but only 3 were assigned"),
+])
+def test_slurm_environment_errors(write_config, monkeypatch, env, message):
+  for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+               "SLURM_STEP_TASKS_PER_NODE"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  config = tfdist.load_config(write_config(PS_CLUSTER), environ={})
+  with pytest.raises(ConfigError, match=message):
+    slurm.cluster_from_slurm(config)
+
+
+def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_path):
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  with HeldPorts(1) as held:  # A free first port; the second is checked below.
+    port = held.ports[0]
+  with socket.socket() as probe:
+    probe.bind(("", port + 1))
+  exported = tfdist_cli("export", "slurm", str(path), "--port", str(port), "--",
+                        sys.executable, str(PROGRAMS / "equivalence_case.py"), "plain")
+  assert exported.returncode == 0, exported.stderr
+  script = tmp_path / "job.sbatch"
+  script.write_text(exported.stdout)
+  # sbatch gives the script SLURM_NTASKS; the fake srun starts that many tasks on 127.0.0.1.
+  env = {**ENV, "PATH": f"{REPO / 'tests' / 'fakes'}:{ENV['PATH']}", "SLURM_NTASKS": "2"}
+  process = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+  try:
+    output, _ = process.communicate(timeout=180)
+  finally:
+    if process.poll() is None:
+      os.killpg(process.pid, 9)
+  assert process.returncode == 0, output[-3000:]
+  for index in (0, 1):
+    assert f"127.0.0.1:{port + index}" in output
+    assert f"[worker-{index}] RESULT plain " in output
+
+
+# -- Kubernetes --------------------------------------------------------------------------------
+
+def by_kind(documents, kind):
+  return [d for d in documents if d["kind"] == kind]
+
+
+def mounted_config(documents, tmp_path):
+  """The ConfigMap's config, as a pod would see it at kubernetes.CONFIG_PATH."""
+  (config_map,) = by_kind(documents, "ConfigMap")
+  path = tmp_path / "config.yaml"
+  path.write_text(config_map["data"]["config.yaml"])
+  return path
+
+
+def test_tfjob_gives_each_replica_type_its_command_and_the_operator_its_port(write_config):
+  config = tfdist.load_config(write_config(PS_CLUSTER + "cluster: {chief: 1, worker: 2, ps: 1, "
+                                           "evaluator: 1}\n"), environ={})
+  documents = yaml.safe_load_all(kubernetes.dump(kubernetes.manifests(
+      config, ["python", "train.py"], name="job", image="reg/img:1", namespace="ml")))
+  config_map, tfjob = documents
+  assert (config_map["kind"], tfjob["apiVersion"], tfjob["kind"]) == (
+      "ConfigMap", "kubeflow.org/v1", "TFJob")
+  specs = tfjob["spec"]["tfReplicaSpecs"]
+  assert {t: s["replicas"] for t, s in specs.items()} == {
+      "Chief": 1, "Worker": 2, "PS": 1, "Evaluator": 1}
+  for replica_type, spec in specs.items():
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["name"] == "tensorflow" and container["image"] == "reg/img:1"
+    assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+    assert {"name": "TFDIST_CONFIG", "value": "/etc/tfdist/config.yaml"} in container["env"]
+    serves = replica_type in ("Worker", "PS")
+    assert container["command"] == (["python", "-m", "tfdist", "serve",
+                                     "/etc/tfdist/config.yaml"] if serves
+                                    else ["python", "train.py"])
+    (volume,) = spec["template"]["spec"]["volumes"]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+@pytest.mark.parametrize("operator_lists_evaluator", [True, False])
+def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(
+    write_config, tmp_path, operator_lists_evaluator):
+  config = tfdist.load_config(write_config(
+      "cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"),
+      environ={})
+  documents = kubernetes.manifests(config, ["python", "t.py"], name="job", image="i",
+                                   namespace="ml", port=2000)
+  path = mounted_config(documents, tmp_path)
+  # The TF_CONFIG the Kubeflow training operator sets: <job>-<type>-<i>.<ns>.svc:<port>.
+  cluster = {job: [f"job-{job}-{i}.ml.svc:2000" for i in range(n)]
+             for job, n in {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}.items()}
+  if not operator_lists_evaluator:
+    del cluster["evaluator"]
+  for job, n in {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}.items():
+    for index in range(n):
+      tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+      seen = tfdist.load_config(environ={"TFDIST_CONFIG": str(path), "TF_CONFIG": tf_config})
+      assert (seen.task.type, seen.task.index) == (job, index)
+      assert seen.strategy.name == "parameter_server"
+      spec = tfdist.cluster_resolver(seen).cluster_spec().as_dict()
+      assert spec == {k: v for k, v in cluster.items()
+                      if k != "evaluator" or job == "evaluator"}
+
+
+def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
+  config = tfdist.load_config(write_config(PS_CLUSTER), environ={})
+  documents = kubernetes.manifests(config, ["python", "train.py"], name="job", image="i",
+                                   namespace="ml", kind="statefulset")
+  path = mounted_config(documents, tmp_path)
+  services = {s["metadata"]["name"]: s for s in by_kind(documents, "Service")}
+  sets = by_kind(documents, "StatefulSet")
+  counts = {"chief": 1, "worker": 2, "ps": 1}
+  assert {s["metadata"]["name"]: s["spec"]["replicas"] for s in sets} == {
+      f"job-{job}": n for job, n in counts.items()}
+  cluster = {job: [f"job-{job}-{i}.job-{job}.ml.svc:2222" for i in range(n)]
+             for job, n in counts.items()}
+  for stateful_set in sets:
+    spec = stateful_set["spec"]
+    service = services[spec["serviceName"]]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"] == \
+        spec["template"]["metadata"]["labels"]
+    assert spec["podManagementPolicy"] == "Parallel"
+    (container,) = spec["template"]["spec"]["containers"]
+    (index_env,) = container["env"]
+    assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    job = stateful_set["metadata"]["labels"]["tfdist/role"]
+    for ordinal in range(spec["replicas"]):
+      # Kubernetes expands $(VAR) in a command from the container's env: here, the pod index.
+      argv = [a.replace(f"$({index_env['name']})", str(ordinal)) for a in container["command"]]
+      argv = [str(path) if a == kubernetes.CONFIG_PATH else a for a in argv]
+      assert argv[:4] == ["python", "-m", "tfdist", "launch"]
+      assert ("--keep-alive" in argv) is (job == "chief")
+      result = tfdist_cli(*argv[3:argv.index("--")], "--dry-run", *argv[argv.index("--"):])
+      assert result.returncode == 0, result.stderr
+      tf_config = [line.split("TF_CONFIG=", 1)[1] for line in result.stdout.splitlines()
+                   if "TF_CONFIG=" in line]
+      assert [json.loads(t) for t in tf_config] == [
+          {"cluster": cluster, "task": {"type": job, "index": ordinal}}]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["kubernetes", "configs/multi_worker_mirrored.yaml", "--", "python", "t.py"],
+     "--image: must name the container image holding tfdist and the training script. "
+     "Received: None"),
+    (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--name", "Bad_Name",
+      "--", "python"], "--name: must be a DNS label"),
+    (["kubernetes", "configs/default.yaml", "--image", "i", "--", "python"],
+     "cluster: must name the replicas"),
+    (["nomad", "configs/default.yaml"], "engine: must be one of slurm, kubernetes. "
+     "Received: 'nomad'"),
+    (["slurm", "configs/multi_worker_mirrored.yaml", "--nodes", "3", "--", "python"],
+     "--nodes: must be from 1 to the cluster's 2 task(s). Received: 3"),
+    (["slurm", "configs/multi_worker_mirrored.yaml"], "command: must be given after --"),
+])
+def test_export_errors_are_one_line_with_exit_code_2(args, message):
+  result = tfdist_cli("export", *args)
+  assert result.returncode == 2
+  assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+      result.stderr
+
+
+# -- held ports and --keep-alive ---------------------------------------------------------------
+
+def test_held_ports_cannot_be_taken_until_released():
+  held = HeldPorts(2)
+  assert len(set(held.ports)) == 2
+  for port in held.ports:
+    with socket.socket() as other, pytest.raises(OSError):
+      other.bind(("", port))
+  held.close()
+  for port in held.ports:
+    with socket.socket() as other:
+      other.bind(("", port))
+
+
+def test_keep_alive_stays_up_after_success_until_sigterm(write_config, tmp_path):
+  path = write_config("cluster: {worker: 1}\n")
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "tfdist", "launch", str(path), "--keep-alive", "--logs",
+       str(tmp_path), "--", sys.executable, "-c", "print('trained')"],
+      env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      start_new_session=True)
+  try:
+    lines = []
+    for line in launcher.stdout:
+      lines.append(line)
+      if "--keep-alive: staying up until stopped" in line:
+        break
+    assert "[worker-0] trained\n" in lines
+    assert launcher.poll() is None
+    launcher.terminate()
+    assert launcher.wait(timeout=10) == 0
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, 9)

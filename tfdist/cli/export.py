@@ -1,0 +1,40 @@
+"""`tfdist export slurm|kubernetes CONFIG [FLAGS] -- COMMAND`: print the sbatch script or the
+Kubernetes manifests that run the config's cluster on that engine."""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import flags
+
+from tfdist.config import load_config
+from tfdist.errors import ConfigError
+
+USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] -- COMMAND | "
+         "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|statefulset] [--name N] "
+         "[--namespace NS] [--port P] -- COMMAND")
+ENGINES = ("slurm", "kubernetes")
+FLAGS = flags.FLAGS
+
+
+def run(args: list[str], task: str | None) -> int:
+  from tfdist.export import kubernetes, slurm
+
+  del task  # Every task is exported.
+  if len(args) < 2:
+    raise SystemExit(f"usage: {USAGE}")
+  engine, config_path, command = args[0], args[1], args[2:]
+  if engine not in ENGINES:
+    raise ConfigError(f"must be one of {', '.join(ENGINES)}", key="engine", received=engine)
+  config = load_config(config_path, environ={})
+  name = FLAGS.name or kubernetes.job_name(pathlib.Path(config_path).stem)
+  port = FLAGS.port
+  if engine == "slurm":
+    print(slurm.sbatch_script(config, config_path, command, job_name=name,
+                              nodes=FLAGS.nodes, port=port,
+                              gpus_per_task=FLAGS["gpus-per-task"].value), end="")
+  else:
+    print(kubernetes.dump(kubernetes.manifests(
+        config, command, name=name, image=FLAGS.image, namespace=FLAGS.namespace, port=port,
+        kind=FLAGS.kind)), end="")
+  return 0
