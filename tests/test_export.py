@@ -19,8 +19,7 @@ from tfdist.export import kubernetes, slurm
 from tfdist.launch.plan import plan_launch
 from tfdist.launch.ports import HeldPorts
 from tests.conftest import PROGRAMS, REPO
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+from tests.launching import ENV
 PS_CLUSTER = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
 
 

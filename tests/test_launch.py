@@ -16,8 +16,8 @@ from tfdist import ConfigError
 from tfdist.config.schema import TaskConfig
 from tfdist.launch.plan import plan_launch, public_addresses
 from tests.conftest import PROGRAMS, REPO
+from tests.launching import ENV, finish, read_until, start_launch
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -129,41 +129,6 @@ def test_parameter_server_cluster_runs_its_chief_against_served_workers(write_co
 
 
 # -- faults ------------------------------------------------------------------------------------
-
-def start_launch(*args):
-  return subprocess.Popen([sys.executable, "-m", "tfdist", "launch", *args], env=ENV, cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True)
-
-
-def read_until(process, pattern, timeout, seen):
-  """Reads the launcher's output into `seen` until a line matches; returns the match."""
-  deadline = time.monotonic() + timeout
-  os.set_blocking(process.stdout.fileno(), False)
-  while time.monotonic() < deadline:
-    line = process.stdout.readline()
-    if not line:
-      if process.poll() is not None:
-        break
-      time.sleep(0.1)
-      continue
-    seen.append(line)
-    match = re.search(pattern, line)
-    if match:
-      return match
-  os.killpg(process.pid, signal.SIGKILL)
-  pytest.fail(f"no {pattern!r} in {timeout} s:\n{''.join(seen)[-3000:]}")
-
-
-def finish(process, timeout, seen):
-  os.set_blocking(process.stdout.fileno(), True)
-  try:
-    rest, _ = process.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(process.pid, signal.SIGKILL)
-    raise
-  return "".join(seen) + rest
-
 
 def resumable_launch(write_config, tmp_path, *flags):
   path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"

@@ -90,6 +90,7 @@ class Supervisor:
                                stdin=subprocess.DEVNULL, start_new_session=True)
     pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log), daemon=True)
     pump.start()
+    self.say(f"{p.name} started (pid {process.pid})")
     return Running(p, process, pump)
 
   def _stop(self, running: Sequence[Running]) -> None:

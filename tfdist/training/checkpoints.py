@@ -91,7 +91,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
   def on_epoch_end(self, epoch, logs=None):
     with writable_dir(self.config, self.config.checkpoint.dir) as directory:
-      self.model.save_weights(os.path.join(directory, EPOCH_CHECKPOINT.format(epoch=epoch + 1)))
+      name = EPOCH_CHECKPOINT.format(epoch=epoch + 1)
+      # Written aside, then renamed: an evaluator never reads a half-written checkpoint.
+      self.model.save_weights(os.path.join(directory, f".writing-{name}"))
+      os.replace(os.path.join(directory, f".writing-{name}"), os.path.join(directory, name))
       if directory == self.config.checkpoint.dir:
         _keep_newest(directory, self.config.checkpoint.max_to_keep)
 

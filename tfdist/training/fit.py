@@ -22,6 +22,11 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
         validation_data=None, callbacks=None, **fit_kwargs):
   """Builds the model in the config's strategy scope, compiles it and fits it.
 
+  The same call serves every task of a cluster: under the sync strategies every task trains;
+  under parameter_server the chief runs tfdist's coordinator loop (the workers and ps run
+  `tfdist serve`); an `evaluator` task evaluates each checkpoint the chief writes on
+  `validation_data` and logs the results for TensorBoard instead of training.
+
   Args:
     model_fn: returns the Keras model; called inside the strategy's scope (Keras records the
       strategy when a model is built).
@@ -41,7 +46,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       shuffles before batching; Keras itself is told not to).
     validation_data: `(x, y)` arrays or a dataset, as for `Model.fit`.
     callbacks: Keras callbacks.
-    **fit_kwargs: any other keyword argument of `Model.fit`, with its Keras meaning.
+    **fit_kwargs: any other keyword argument of `Model.fit`, with its Keras meaning (under
+      parameter_server: `verbose` only).
 
   Returns:
     The Keras `History`; the trained model is `history.model`.
@@ -57,7 +63,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   """
   config = as_config(config)
   _check_supported(config)
-  strategy = make_strategy(config)
+  evaluator = config.task is not None and config.task.type == "evaluator"
+  strategy = make_strategy(config)  # An evaluator's is the default strategy.
   from tfdist.training import checkpoints, data, keras_fixes, precision
 
   import keras
@@ -82,6 +89,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
 
+  if evaluator:
+    from tfdist.training.evaluator import evaluate_checkpoints
+    return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
+                                config=config, epochs=epochs)
   callbacks = list(callbacks or [])
   files = checkpoints.callbacks(config)
   first_epoch = files[0].saved_epoch() if files else 0
@@ -89,20 +100,30 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   if shuffle and global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(train_data, global_batch)
-  train = data.make_dataset(train_data, y, strategy=strategy, batch_size=global_batch,
-                            shuffle=shuffle, seed=training.seed, first_epoch=first_epoch,
-                            epochs=None if endless else epochs,
-                            name="train_data")
+  asynchronous = config.strategy.name == "parameter_server"
+  train = None if asynchronous else data.make_dataset(
+      train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
+      seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
+      name="train_data")
   if training.scale_learning_rate or training.warmup_epochs:
     from tfdist.training import schedule
     multiplier = strategy.num_replicas_in_sync if training.scale_learning_rate else 1
     warmup = training.warmup_epochs * _steps_in_an_epoch(train, steps_per_epoch, config)
     schedule.scale_learning_rate(optimizer, multiplier, warmup)
-  validation = _validation(validation_data, strategy, global_batch)
-  with keras_fixes.fixed_for(model, strategy, steps_per_epoch):
-    history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                        validation_data=validation, callbacks=files + callbacks, shuffle=False,
-                        **fit_kwargs)
+  if asynchronous:
+    from tfdist.training import parameter_server
+    history = parameter_server.fit(
+        model, strategy, train_data, y, batch_size=global_batch, epochs=epochs,
+        initial_epoch=first_epoch, steps_per_epoch=steps_per_epoch,
+        steps_per_execution=training.steps_per_execution,
+        validation=_validation(validation_data, None, global_batch),
+        callbacks=files + callbacks, source=config.source, **_ps_kwargs(fit_kwargs, config))
+  else:
+    validation = _validation(validation_data, strategy, global_batch)
+    with keras_fixes.fixed_for(model, strategy, steps_per_epoch):
+      history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                          validation_data=validation, callbacks=files + callbacks,
+                          shuffle=False, **fit_kwargs)
   if config.checkpoint.dir:
     checkpoints.save_final_model(model, config)
   return history
@@ -122,8 +143,13 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
   from tfdist.training import data, keras_fixes
 
   strategy = model.distribute_strategy
-  dataset = data.make_dataset(x, y, strategy=strategy,
-                              batch_size=_batch(config, strategy, batch_size))
+  batch_size = _batch(config, strategy, batch_size)
+  if _is_parameter_server(strategy):
+    from tfdist.training import parameter_server
+    return parameter_server.evaluate(model, data.make_dataset(x, y, strategy=None,
+                                                              batch_size=batch_size),
+                                     **evaluate_kwargs)
+  dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size)
   with keras_fixes.fixed_for(model, strategy):
     return model.evaluate(dataset, **evaluate_kwargs)
 
@@ -135,10 +161,20 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
   from tfdist.training import data, keras_fixes
 
   strategy = model.distribute_strategy
-  dataset = data.make_dataset(x, strategy=strategy,
-                              batch_size=_batch(config, strategy, batch_size))
+  batch_size = _batch(config, strategy, batch_size)
+  if _is_parameter_server(strategy):
+    from tfdist.training import parameter_server
+    return parameter_server.predict(model, data.make_dataset(x, strategy=None,
+                                                             batch_size=batch_size),
+                                    **predict_kwargs)
+  dataset = data.make_dataset(x, strategy=strategy, batch_size=batch_size)
   with keras_fixes.fixed_for(model, strategy):
     return model.predict(dataset, **predict_kwargs)
+
+
+def _is_parameter_server(strategy) -> bool:
+  import tensorflow as tf
+  return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
 def _batch(config: ConfigLike, strategy, batch_size: int | None) -> int | None:
@@ -170,12 +206,19 @@ def _validation(validation_data, strategy, global_batch):
                            name="validation_data")
 
 
+def _ps_kwargs(fit_kwargs: Mapping[str, Any], config: Config) -> dict:
+  """The `Model.fit` arguments tfdist's parameter-server loop takes (verbose)."""
+  unsupported = sorted(set(fit_kwargs) - {"verbose"})
+  if unsupported:
+    raise ConfigError(f"is not supported under parameter_server (tfdist's coordinator loop "
+                      f"takes batch_size, epochs, steps_per_epoch, validation_data, callbacks "
+                      f"and verbose)", key=unsupported[0], received=fit_kwargs[unsupported[0]],
+                      source=config.source)
+  return dict(fit_kwargs)
+
+
 def _check_supported(config: Config) -> None:
   name, training = config.strategy.name, config.training
-  if name == "parameter_server":
-    raise ConfigError("parameter_server training is not in tfdist.fit yet (Keras 3 model.fit "
-                      "does not support it; tfdist's coordinator loop is planned)",
-                      key="strategy.name", received=name, source=config.source)
   if training.jit_compile and name in _NO_JIT:
     raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
                       key="training.jit_compile", received=True, source=config.source)

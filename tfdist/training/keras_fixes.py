@@ -176,3 +176,18 @@ def _accumulate_with_syncs_outside_cond(self, grads, trainable_variables):
     tf.cond(is_update_step, update, accumulate)
 
   context.merge_call(update_or_accumulate, args=(reduced, averaged))
+
+
+def count_every_update(model) -> None:
+  """Makes the optimizer's step counter and the metrics' sums count every update of
+  asynchronous workers (parameter-server training).
+
+  keras-team/keras#21054 (the root): Keras's assign_add is assign(self + delta), a read then a
+  write; two workers updating at once lose one's increment, so `optimizer.iterations` (and with
+  it learning-rate schedules and Adam's bias correction) and the metrics undercount.
+  TensorFlow's own assign_add is one atomic op on the ps.
+  """
+  if not _BROKEN:
+    return
+  for variable in [model.optimizer.iterations, *model.metrics_variables]:
+    variable.assign_add = types.MethodType(_add_delta, variable)

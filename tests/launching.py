@@ -1,0 +1,50 @@
+"""Running `tfdist launch` from tests: start it, read its output until a line, finish it; the
+launcher runs in its own process group, killed whole when a test gives up."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def start_launch(*args):
+  return subprocess.Popen([sys.executable, "-m", "tfdist", "launch", *args], env=ENV, cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+
+
+def read_until(process, pattern, timeout, seen):
+  """Reads the launcher's output into `seen` until a line matches; returns the match."""
+  deadline = time.monotonic() + timeout
+  os.set_blocking(process.stdout.fileno(), False)
+  while time.monotonic() < deadline:
+    line = process.stdout.readline()
+    if not line:
+      if process.poll() is not None:
+        break
+      time.sleep(0.1)
+      continue
+    seen.append(line)
+    match = re.search(pattern, line)
+    if match:
+      return match
+  os.killpg(process.pid, signal.SIGKILL)
+  pytest.fail(f"no {pattern!r} in {timeout} s:\n{''.join(seen)[-3000:]}")
+
+
+def finish(process, timeout, seen):
+  os.set_blocking(process.stdout.fileno(), True)
+  try:
+    rest, _ = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    raise
+  return "".join(seen) + rest

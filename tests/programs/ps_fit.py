@@ -1,0 +1,54 @@
+"""The script of a parameter-server cluster's chief (and evaluator): tfdist.fit of a linear
+regression on generated data; prints the history and the optimizer's update count as JSON."""
+
+import json
+
+import numpy as np
+
+import tfdist
+
+
+def data(seed, count):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(count, 8)).astype("float32")
+  y = x @ np.arange(1, 9, dtype="float32")[:, None] / 8 + 0.5
+  return x, y
+
+
+def make_model():
+  import keras
+  return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+
+def main():
+  import keras
+
+  config = tfdist.load_config()
+  x, y = data(0, 2048)
+  history = tfdist.fit(make_model, x, y, config=config, validation_data=data(1, 256),
+                       compile=lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                                            metrics=["mae"]), verbose=2)
+  model = history.model
+  result = {"task": str(config.task), "history": history.history, "epochs": history.epoch,
+            "iterations": int(model.optimizer.iterations.numpy())}
+  if config.task.type == "chief":
+    result["workers_running_steps"] = workers_running_steps(model.distribute_strategy)
+  print("RESULT " + json.dumps(result), flush=True)
+
+
+def workers_running_steps(strategy):
+  """How many workers run scheduled functions now: each worker's dataset holds the time it was
+  made, so the distinct values the functions return count the workers that ran them."""
+  import tensorflow as tf
+
+  coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # fit's, reused.
+  made_at = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors(tf.timestamp()).repeat()))
+  probe = tf.function(lambda iterator: next(iterator))
+  calls = [coordinator.schedule(probe, args=(made_at,)) for _ in range(200)]
+  coordinator.join()
+  return len({float(call.fetch()) for call in calls})
+
+
+if __name__ == "__main__":
+  main()
