@@ -51,8 +51,11 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO lines (one per all-reduce).
   config = tfdist.load_config(FLAGS.config)
   (x_train, y_train), (x_test, y_test) = load_digits()
+  # validation_data: evaluated at each epoch's end, and by an evaluator task if the config
+  # has one (it evaluates the chief's checkpoints instead of training).
   history = tfdist.fit(lambda: make_model(config.training.seed or 1), x_train, y_train,
-                       config=config, compile=compile_args, verbose=2)
+                       config=config, compile=compile_args, validation_data=(x_test, y_test),
+                       verbose=2)
   model = history.model
   loss, accuracy = tfdist.evaluate(model, x_test, y_test, config=config, verbose=0)
   print(f"test loss {loss:.4f} accuracy {accuracy:.4f} "
