@@ -20,6 +20,7 @@ import yaml
 from tfdist.config.loader import CONFIG_ENV, config_to_dict
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
+from tfdist.launch.plan import require_command, runs_server
 
 KINDS = ("tfjob", "statefulset")
 CONFIG_DIR = "/etc/tfdist"
@@ -64,9 +65,7 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
   if config.cluster.is_empty:
     raise ConfigError("must name the replicas (e.g. cluster: {worker: 2})", key="cluster",
                       received={}, source=config.source)
-  if not command:
-    raise ConfigError("must be given after --, e.g. tfdist export kubernetes CONFIG -- python "
-                      "train.py", key="command", received="nothing")
+  require_command(command, "tfdist export kubernetes")
   build = _tfjob if kind == "tfjob" else _statefulsets
   return build(config, list(command), name=name, image=image, namespace=namespace, port=port)
 
@@ -82,10 +81,6 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
 def dump(documents: list[dict]) -> str:
   """The documents as one multi-document YAML stream."""
   return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False)
-
-
-def _serves(config: Config, job: str) -> bool:
-  return config.strategy.name == "parameter_server" and job in ("worker", "ps")
 
 
 def _labels(name: str, job: str | None = None) -> dict:
@@ -110,7 +105,7 @@ def _tfjob(config, command, *, name, image, namespace, port) -> list[dict]:
   counts_only = dataclasses.replace(config.cluster, addresses=None)
   replicas = {}
   for job in config.cluster.jobs:
-    argv = (["python", "-m", "tfdist", "serve", CONFIG_PATH] if _serves(config, job)
+    argv = (["python", "-m", "tfdist", "serve", CONFIG_PATH] if runs_server(config, job)
             else command)
     container = {"name": "tensorflow",  # The name the training operator gives TF_CONFIG to.
                  "image": image, "command": argv,
@@ -140,7 +135,7 @@ def _statefulsets(config, command, *, name, image, namespace, port) -> list[dict
   for job in cluster.jobs:
     # A StatefulSet restarts a pod that exits, even with code 0: a finished training task
     # stays up (--keep-alive) instead of training again.
-    keep_alive = [] if _serves(config, job) else ["--keep-alive"]
+    keep_alive = [] if runs_server(config, job) else ["--keep-alive"]
     argv = ["python", "-m", "tfdist", "launch", CONFIG_PATH, "--task",
             f"{job}:$({INDEX_ENV})", *keep_alive, "--", *command]
     container = {

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.errors import ConfigError
+from tfdist.launch.plan import require_command
 
 
 def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, job_name: str,
@@ -41,9 +42,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   if not 1 <= nodes <= tasks:
     raise ConfigError(f"must be from 1 to the cluster's {tasks} task(s)", key="--nodes",
                       received=nodes)
-  if not command:
-    raise ConfigError("must be given after --, e.g. tfdist export slurm CONFIG -- python "
-                      "train.py", key="command", received="nothing")
+  require_command(command, "tfdist export slurm")
   roles = ", ".join(f"{n} {job}" for job, n in sorted(config.cluster.counts().items()))
   lines = [
       "#!/bin/bash",

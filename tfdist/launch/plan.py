@@ -90,9 +90,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   if cluster.is_empty:
     raise ConfigError("must name the tasks to launch (e.g. cluster: {worker: 2})",
                       key="cluster", received={}, source=config.source)
-  if not command:
-    raise ConfigError("must be given after --, e.g. tfdist launch CONFIG -- python train.py",
-                      key="command", received="nothing")
+  require_command(command, "tfdist launch")
   if not cluster.has_addresses:
     if task is not None:
       raise ConfigError("names a task of a real cluster: give the cluster's addresses "
@@ -100,12 +98,11 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
                         received=str(task), source=config.source)
     cluster = with_local_addresses(cluster, ports)
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
-  asynchronous = config.strategy.name == "parameter_server"
   processes = []
   for t in cluster.tasks():
     if task is not None and t != task:
       continue
-    serves = asynchronous and t.type in ("worker", "ps")
+    serves = runs_server(config, t.type)
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path))
@@ -113,7 +110,21 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
                                  serves, address))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
+  asynchronous = config.strategy.name == "parameter_server"
   return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster")
+
+
+def require_command(command: Sequence[str], cli: str) -> None:
+  """Raises ConfigError when the user's training command (after `--`) of `cli` is missing."""
+  if not command:
+    raise ConfigError(f"must be given after --, e.g. {cli} CONFIG -- python train.py",
+                      key="command", received="nothing")
+
+
+def runs_server(config: Config, job: str) -> bool:
+  """True for the tasks that run `tfdist serve` instead of the user's command: the workers and
+  ps of a parameter-server cluster."""
+  return config.strategy.name == "parameter_server" and job in ("worker", "ps")
 
 
 def public_addresses(config: Config) -> list[str]:

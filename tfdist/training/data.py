@@ -68,10 +68,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
                       f"Received: y of type {type(y).__name__}")
     return _with_shard_policy(x)
   if is_arrays(x):
-    if not batch_size:
-      raise DataError(f"{name}: numpy input needs a batch size: set training.global_batch_size "
-                      "or per_replica_batch_size in the config, or pass batch_size. "
-                      "Received: batch_size=None")
+    require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y)
     if shuffle:
       dataset = _shuffled_epochs(arrays, batch_size, _DEFAULT_SHUFFLE_SEED if seed is None
@@ -82,6 +79,14 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     return _with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA)
   raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, or a function of a "
                   f"tf.distribute.InputContext. Received: {type(x).__name__}")
+
+
+def require_batch_size(batch_size: int | None, name: str) -> None:
+  """Raises DataError when numpy input `name` has no batch size."""
+  if not batch_size:
+    raise DataError(f"{name}: numpy input needs a batch size: set training.global_batch_size "
+                    "or per_replica_batch_size in the config, or pass batch_size. "
+                    "Received: batch_size=None")
 
 
 def batch_count(x, batch_size: int) -> int:

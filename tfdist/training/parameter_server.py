@@ -163,10 +163,7 @@ def _worker_dataset(train_data, y, strategy, batch_size):
         lambda context: train_data(context).repeat())
   if isinstance(train_data, tf.data.Dataset):
     return lambda: train_data.repeat()
-  if not batch_size:
-    raise data.DataError("train_data: numpy input needs a batch size: set "
-                         "training.global_batch_size in the config, or pass batch_size. "
-                         "Received: batch_size=None")
+  data.require_batch_size(batch_size, "train_data")
   arrays = train_data if y is None else (train_data, y)
   count = len(tf.nest.flatten(arrays)[0])
 
