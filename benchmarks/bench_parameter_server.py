@@ -1,8 +1,9 @@
 """Parameter-server training: steps/s with 1 and 2 workers (plus a ps and the chief, all on
 this machine), steps per scheduled call 1 / 8 / 32, TensorFlow's hand-written coordinator
 loop (one step per call, loss and accuracy metrics, as TensorFlow's guide writes it), and the
-same model under MultiWorkerMirrored with 2 workers. float32, batch 256 per step,
-the benchmark MLP; each run is one `tfdist launch` of a fresh cluster, contenders interleaved.
+same model under MultiWorkerMirrored with 2 workers. float32, Keras's own optimizer update (as
+by hand), batch 256 per step, the benchmark MLP; each run is one `tfdist launch` of a fresh
+cluster, contenders interleaved.
 
   python -m benchmarks.bench_parameter_server [--rounds 2]
 """
@@ -40,7 +41,8 @@ def run(cluster: str, strategy: str, per_call: int, mode: str) -> float:
     config = pathlib.Path(tmp, "config.yaml")
     config.write_text(f"cluster: {cluster}\nstrategy: {strategy}\ntraining: "
                       f"{{global_batch_size: {batch}, steps_per_epoch: {STEPS}, epochs: {EPOCHS}, "
-                      f"steps_per_execution: {per_call}, mixed_precision: 'off'}}\n")
+                      f"steps_per_execution: {per_call}, mixed_precision: 'off', "
+                      f"fused_optimizer: false}}\n")
     out = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
                           str(pathlib.Path(tmp, "logs")), "--", sys.executable, "-m",
                           "benchmarks.cluster_steps", mode],

@@ -3,7 +3,8 @@ model, data, batch, precision and steps_per_execution. Target: ratio >= 0.98.
 
 By hand: the strategy made directly, the model built and compiled in its scope, a tf.data
 pipeline (shuffle, batch, prefetch), `model.fit`. Under Mirrored only what works by hand is
-compared: float32 and one step per call (Keras 3 fails with more, keras#19246).
+compared: float32 and one step per call (Keras 3 fails with more, keras#19246). tfdist runs
+with `fused_optimizer: false`, the update the by-hand script has (bench_defaults measures it).
 
 Each run is a fresh process (two MirroredStrategy objects in one process share collective
 keys), the contenders alternating.
@@ -56,7 +57,7 @@ def with_tfdist(x, y, strategy_name, policy, steps):
   precision = {"mixed_bfloat16": "bfloat16", "float32": "off"}[policy]
   config = {"strategy": strategy_name, "devices": {"logical_cpus": 2},
             "training": {"global_batch_size": BATCH, "mixed_precision": precision,
-                         "steps_per_execution": steps}}
+                         "steps_per_execution": steps, "fused_optimizer": False}}
   timer = common.EpochTimer()
   tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
              epochs=FLAGS.epochs, callbacks=[timer], verbose=0)

@@ -36,19 +36,25 @@ def main():
   print("RESULT " + json.dumps(result), flush=True)
 
 
-def workers_running_steps(strategy):
-  """How many workers run scheduled functions now: each worker's dataset holds the time it was
-  made, so the distinct values the functions return count the workers that ran them."""
+def workers_running_steps(strategy, seconds=60):
+  """How many workers run scheduled functions within `seconds` (a restarted worker may still be
+  starting when training ends): each worker's dataset holds the time it was made, so the
+  distinct values the functions return count the workers that ran them."""
+  import time
   import tensorflow as tf
 
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # fit's, reused.
   made_at = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors(tf.timestamp()).repeat()))
   probe = tf.function(lambda iterator: next(iterator))
-  calls = [coordinator.schedule(probe, args=(made_at,)) for _ in range(200)]
-  coordinator.join()
-  return len({float(call.fetch()) for call in calls})
-
+  workers = len(tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+                .job_tasks("worker"))
+  seen, deadline = set(), time.monotonic() + seconds
+  while len(seen) < workers and time.monotonic() < deadline:
+    calls = [coordinator.schedule(probe, args=(made_at,)) for _ in range(50)]
+    coordinator.join()
+    seen |= {float(call.fetch()) for call in calls}
+  return len(seen)
 
 if __name__ == "__main__":
   main()

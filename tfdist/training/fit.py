@@ -65,7 +65,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   _check_supported(config)
   evaluator = config.task is not None and config.task.type == "evaluator"
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
-  from tfdist.training import checkpoints, data, keras_fixes, precision
+  from tfdist.training import checkpoints, data, fused_updates, keras_fixes, precision
 
   import keras
   training = config.training
@@ -86,6 +86,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     model.jit_compile = training.jit_compile
     model.steps_per_execution = training.steps_per_execution
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    if training.fused_optimizer:
+      fused_updates.install(optimizer)
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
 
