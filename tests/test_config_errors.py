@@ -122,6 +122,13 @@ BAD_CONFIGS = [
      None, None,
      "{f}: training.per_replica_batch_size: give global_batch_size or per_replica_batch_size, "
      "not both. Received: 32"),
+    ("jit_under_mirrored", "strategy: mirrored\ntraining: {jit_compile: true}\n", None, None,
+     "{f}: training.jit_compile: must be false under mirrored: XLA fails there in TensorFlow "
+     "2.21. Received: True"),
+    ("float16_under_central_storage",
+     "strategy: central_storage\ntraining: {mixed_precision: float16}\n", None, None,
+     "{f}: training.mixed_precision: must not be float16 under central_storage: Keras's loss "
+     "scaling fails there; use bfloat16 or off. Received: 'float16'"),
     ("zero_batch", "training: {global_batch_size: 0}\n", None, None,
      "{f}: training.global_batch_size: must be greater than 0. Received: 0"),
     ("boolean_as_integer", "training: {epochs: true}\n", None, None,

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.usefixtures("two_cpus")
 TOLERANCE = 1e-5
 
 
-# bfloat16 keeps 8 bits of mantissa: splitting a batch over replicas changes the rounding.
-BFLOAT16_TOLERANCE = 1e-2
+# bfloat16 keeps 8 bits of mantissa (float16 11): splitting a batch over replicas changes the
+# rounding.
+HALF_TOLERANCE = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def reference():
 
 
 def assert_same_training(result, reference, variant="plain"):
-  tolerance = BFLOAT16_TOLERANCE if variant == "bfloat16" else TOLERANCE
+  half = case.HALF_PRECISION.get(variant)
+  tolerance = HALF_TOLERANCE if half else TOLERANCE
   assert result["history"].keys() == reference["history"].keys() == {"loss", "accuracy"}
   for key in reference["history"]:
     np.testing.assert_allclose(result["history"][key], reference["history"][key],
@@ -53,8 +55,8 @@ def assert_same_training(result, reference, variant="plain"):
   np.testing.assert_allclose(result["predict"], reference["predict"], atol=tolerance)
   for got, want in zip(result["weights"], reference["weights"]):
     np.testing.assert_allclose(got, want, atol=tolerance)
-  if variant == "bfloat16":
-    assert result["compute_dtype"] == "bfloat16" and result["predict_dtype"] == "float32"
+  if half:
+    assert result["compute_dtype"] == half and result["predict_dtype"] == "float32"
 
 
 def test_training_actually_learns(reference):
@@ -65,7 +67,8 @@ def test_training_actually_learns(reference):
 @pytest.mark.parametrize("strategy,variant", [
     ("one_device", "plain"), ("default", "shuffled_steps_per_execution")] + [
     (strategy, variant) for strategy in ("mirrored", "central_storage")
-    for variant in case.VARIANTS])
+    for variant in case.VARIANTS
+    if not (strategy == "central_storage" and variant.startswith("float16"))])  # Refused.
 def test_single_machine_strategies_equal_one_device(strategy, variant, reference):
   result = case.train({"strategy": strategy, "devices": {"logical_cpus": 2}}, variant)
   assert_same_training(result, reference(variant), variant)

@@ -27,6 +27,11 @@ def test_policy_for_each_mode_and_machine(mode, flags, gpus, policy):
   assert precision.choose_policy(mode, flags, gpus) == policy
 
 
+def test_auto_leaves_float16_out_where_loss_scaling_fails():
+  assert precision.choose_policy("auto", set(), [(7, 5)], loss_scaling=False) == "float32"
+  assert precision.choose_policy("auto", set(), [(8, 0)], loss_scaling=False) == "mixed_bfloat16"
+
+
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\n"

@@ -29,7 +29,10 @@ VARIANTS = {
     "accumulation": {"gradient_accumulation_steps": 2},
     "scaled_lr": {"scale_learning_rate": True, "warmup_epochs": 1},
     "bfloat16": {"mixed_precision": "bfloat16"},
+    # Loss scaling (Keras's LossScaleOptimizer) with tfdist's accumulation fix inside it.
+    "float16_accumulation": {"mixed_precision": "float16", "gradient_accumulation_steps": 2},
 }
+HALF_PRECISION = {"bfloat16": "bfloat16", "float16_accumulation": "float16"}
 
 
 def data():

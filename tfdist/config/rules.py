@@ -15,6 +15,12 @@ from tfdist.config.tf_config import split_address
 from tfdist.errors import ConfigError
 
 _SINGLE_MACHINE = ("default", "one_device", "mirrored", "central_storage")
+# Under these strategies XLA fails in TensorFlow 2.21 (device placement of mirrored variables;
+# "Collectives are not yet implemented for CPU devices when compiling with XLA").
+_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage")
+# As tf.keras 2's did, Keras 3's LossScaleOptimizer fails under CentralStorage: it assigns its
+# loss-scale counters per replica, which an AggregatingVariable refuses. float16 needs it.
+NO_LOSS_SCALING = ("central_storage",)
 
 
 def infer_strategy(config: Config) -> Config:
@@ -103,7 +109,14 @@ def _check_strategy(config: Config) -> None:
 
 
 def _check_training(config: Config) -> None:
-  training = config.training
+  training, name = config.training, config.strategy.name
+  if training.jit_compile and name in _NO_JIT:
+    raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
+                      key="training.jit_compile", received=True)
+  if training.mixed_precision == "float16" and name in NO_LOSS_SCALING:
+    raise ConfigError(f"must not be float16 under {name}: Keras's loss scaling fails "
+                      "there; use bfloat16 or off", key="training.mixed_precision",
+                      received="float16")
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:
     raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
                       key="training.per_replica_batch_size",

@@ -227,7 +227,8 @@ class TrainingConfig:
       keep Keras's own update.
     mixed_precision: off, auto, bfloat16 or float16. `auto` (the default, measured 1.5x faster
       here) is bfloat16 on CPUs with AMX/AVX-512 BF16 and GPUs of compute capability >= 8,
-      float16 with loss scaling on 7.x GPUs, else float32. Output layers stay float32.
+      float16 with loss scaling on 7.x GPUs, else float32. Output layers stay float32. float16
+      is refused under central_storage, where Keras's loss scaling fails.
     gradient_accumulation_steps: apply the optimizer once every this many batches.
     scale_learning_rate: multiply the learning rate by the number of replicas.
     warmup_epochs: ramp the (scaled) learning rate up linearly over this many epochs.

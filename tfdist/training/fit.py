@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from tfdist.config import rules
 from tfdist.config.batch import batch_sizes
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
 from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
-
-# Under these strategies XLA fails in TensorFlow 2.21 (device placement of mirrored variables;
-# "Collectives are not yet implemented for CPU devices when compiling with XLA").
-_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage")
 
 
 def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigLike = None,
@@ -62,7 +59,6 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   ```
   """
   config = as_config(config)
-  _check_supported(config)
   evaluator = config.task is not None and config.task.type == "evaluator"
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   from tfdist.training import checkpoints, data, fused_updates, keras_fixes, precision
@@ -74,7 +70,9 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   global_batch = _batch(config, strategy, batch_size)
   epochs = epochs or training.epochs
   with strategy.scope():
-    with precision.building_with(precision.policy_for(training.mixed_precision)):
+    policy = precision.policy_for(training.mixed_precision,
+                                  loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
+    with precision.building_with(policy):
       model = model_fn()
     precision.keep_outputs_float32(model)
     if compile is not None:
@@ -218,9 +216,3 @@ def _ps_kwargs(fit_kwargs: Mapping[str, Any], config: Config) -> dict:
                       source=config.source)
   return dict(fit_kwargs)
 
-
-def _check_supported(config: Config) -> None:
-  name, training = config.strategy.name, config.training
-  if training.jit_compile and name in _NO_JIT:
-    raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
-                      key="training.jit_compile", received=True, source=config.source)

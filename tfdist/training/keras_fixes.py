@@ -43,12 +43,12 @@ def _mirrors(strategy) -> bool:
 def fixed_for(model, strategy, steps_per_epoch: int | None = None):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
   `steps_per_epoch` is the fit's, when it passes one to Keras."""
-  if _BROKEN and _replicated(strategy) and getattr(model.optimizer, "gradient_accumulation_steps",
-                                                   None):
+  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
+  if _BROKEN and _replicated(strategy) and getattr(optimizer, "gradient_accumulation_steps", None):
     # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
     # point) inside a cond, which tf.distribute refuses.
-    model.optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
-                                                                model.optimizer)
+    optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
+                                                          optimizer)
   if _BROKEN and model.steps_per_execution > 1 and (_mirrors(strategy) or steps_per_epoch):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.

@@ -15,12 +15,14 @@ FLOAT16 = "mixed_float16"
 
 
 def choose_policy(mode: str, cpu_flags: Iterable[str] = (),
-                  gpu_capabilities: Sequence[tuple[int, int]] = ()) -> str:
+                  gpu_capabilities: Sequence[tuple[int, int]] = (),
+                  loss_scaling: bool = True) -> str:
   """The Keras dtype policy for `mode` (off, auto, bfloat16, float16).
 
   `auto` is bfloat16 on GPUs of compute capability 8.0 or newer, float16 (Keras adds loss
-  scaling) on 7.x, float32 on older GPUs; without a GPU, bfloat16 on CPUs with AMX or
-  AVX-512 BF16 instructions, else float32. Pure: the machine's facts are arguments.
+  scaling) on 7.x where the strategy allows `loss_scaling`, float32 on other GPUs; without a
+  GPU, bfloat16 on CPUs with AMX or AVX-512 BF16 instructions, else float32. Pure: the
+  machine's facts are arguments.
   """
   if mode == "off":
     return FLOAT32
@@ -30,7 +32,8 @@ def choose_policy(mode: str, cpu_flags: Iterable[str] = (),
     return FLOAT16
   if gpu_capabilities:
     oldest = min(gpu_capabilities)
-    return BFLOAT16 if oldest >= (8, 0) else FLOAT16 if oldest >= (7, 0) else FLOAT32
+    return BFLOAT16 if oldest >= (8, 0) else \
+        FLOAT16 if oldest >= (7, 0) and loss_scaling else FLOAT32
   return BFLOAT16 if _BF16_CPU_FLAGS & set(cpu_flags) else FLOAT32
 
 
@@ -50,11 +53,11 @@ def gpu_capabilities() -> list[tuple[int, int]]:
           for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def policy_for(mode: str) -> str:
+def policy_for(mode: str, loss_scaling: bool = True) -> str:
   """`choose_policy` with this machine's CPU flags and GPUs."""
   if mode != "auto":
     return choose_policy(mode)
-  return choose_policy(mode, cpu_flags(), gpu_capabilities())
+  return choose_policy(mode, cpu_flags(), gpu_capabilities(), loss_scaling)
 
 
 @contextlib.contextmanager
