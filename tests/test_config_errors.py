@@ -125,6 +125,11 @@ BAD_CONFIGS = [
     ("jit_under_mirrored", "strategy: mirrored\ntraining: {jit_compile: true}\n", None, None,
      "{f}: training.jit_compile: must be false under mirrored: XLA fails there in TensorFlow "
      "2.21. Received: True"),
+    ("accumulation_under_parameter_server",
+     PS_HOSTS + "strategy: parameter_server\ntraining: {gradient_accumulation_steps: 2}\n", None,
+     None, "{f}: training.gradient_accumulation_steps: must be 1 under parameter_server: "
+     "Keras's accumulation fails there, and asynchronous workers would share one set of "
+     "accumulators; use a larger batch. Received: 2"),
     ("float16_under_central_storage",
      "strategy: central_storage\ntraining: {mixed_precision: float16}\n", None, None,
      "{f}: training.mixed_precision: must not be float16 under central_storage: Keras's loss "

@@ -113,6 +113,11 @@ def _check_training(config: Config) -> None:
   if training.jit_compile and name in _NO_JIT:
     raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
                       key="training.jit_compile", received=True)
+  if training.gradient_accumulation_steps > 1 and name == "parameter_server":
+    raise ConfigError("must be 1 under parameter_server: Keras's accumulation fails there, and "
+                      "asynchronous workers would share one set of accumulators; use a larger "
+                      "batch", key="training.gradient_accumulation_steps",
+                      received=training.gradient_accumulation_steps)
   if training.mixed_precision == "float16" and name in NO_LOSS_SCALING:
     raise ConfigError(f"must not be float16 under {name}: Keras's loss scaling fails "
                       "there; use bfloat16 or off", key="training.mixed_precision",
