@@ -130,6 +130,10 @@ BAD_CONFIGS = [
      None, "{f}: training.gradient_accumulation_steps: must be 1 under parameter_server: "
      "Keras's accumulation fails there, and asynchronous workers would share one set of "
      "accumulators; use a larger batch. Received: 2"),
+    ("jit_under_parameter_server",
+     PS_HOSTS + "strategy: parameter_server\ntraining: {jit_compile: true}\n", None, None,
+     "{f}: training.jit_compile: must be false under parameter_server: XLA fails there in "
+     "TensorFlow 2.21. Received: True"),
     ("float16_under_central_storage",
      "strategy: central_storage\ntraining: {mixed_precision: float16}\n", None, None,
      "{f}: training.mixed_precision: must not be float16 under central_storage: Keras's loss "

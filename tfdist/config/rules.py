@@ -16,8 +16,9 @@ from tfdist.errors import ConfigError
 
 _SINGLE_MACHINE = ("default", "one_device", "mirrored", "central_storage")
 # Under these strategies XLA fails in TensorFlow 2.21 (device placement of mirrored variables;
-# "Collectives are not yet implemented for CPU devices when compiling with XLA").
-_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage")
+# "Collectives are not yet implemented for CPU devices when compiling with XLA"; under
+# parameter_server "Trying to access resource ... located in device /job:ps").
+_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage", "parameter_server")
 # As tf.keras 2's did, Keras 3's LossScaleOptimizer fails under CentralStorage: it assigns its
 # loss-scale counters per replica, which an AggregatingVariable refuses. float16 needs it.
 NO_LOSS_SCALING = ("central_storage",)
