@@ -56,5 +56,6 @@ def workers_running_steps(strategy, seconds=60):
     seen |= {float(call.fetch()) for call in calls}
   return len(seen)
 
+
 if __name__ == "__main__":
   main()
