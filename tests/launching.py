@@ -15,8 +15,9 @@ from tests.conftest import REPO
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def start_launch(*args):
-  return subprocess.Popen([sys.executable, "-m", "tfdist", "launch", *args], env=ENV, cwd=REPO,
+def start_launch(*args, env=None):
+  return subprocess.Popen([sys.executable, "-m", "tfdist", "launch", *args],
+                          env={**ENV, **(env or {})}, cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
 

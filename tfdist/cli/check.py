@@ -22,12 +22,13 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
-  print(render(config, _gpus_if_needed(config)))
+  print(render(config, _gpus_if_needed(config), _policy(config)))
   return 0
 
 
-def render(config: Config, local_gpus: int) -> str:
-  """The report `tfdist check` prints: normalised config, TF_CONFIG per task, batch sizes."""
+def render(config: Config, local_gpus: int, policy: str | None = None) -> str:
+  """The report `tfdist check` prints: normalised config, TF_CONFIG per task, batch sizes, and
+  the dtype policy `training.mixed_precision` means on this machine."""
   lines = [f"{config.source or 'config'}: valid", "", "normalised config:"]
   lines += ["  " + line for line in yaml.safe_dump(config_to_dict(config), sort_keys=False)
             .splitlines()]
@@ -50,7 +51,17 @@ def render(config: Config, local_gpus: int) -> str:
             f" ({local_gpus} GPU(s) per machine)",
             f"batch: global {_or_unset(sizes.global_batch_size)}, per replica "
             f"{_or_unset(sizes.per_replica_batch_size)}"]
+  if policy is not None:
+    lines.append(f"precision: mixed_precision {config.training.mixed_precision} is {policy} "
+                 "on this machine")
   return "\n".join(lines)
+
+
+def _policy(config: Config) -> str:
+  from tfdist.config import rules
+  from tfdist.training.precision import policy_for
+  return policy_for(config.training.mixed_precision,
+                    loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
 
 
 def _or_unset(value):

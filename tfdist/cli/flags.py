@@ -20,6 +20,8 @@ def define_flags() -> None:
                      "stopping tasks.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "
                       "tfdist-logs/<date-time>.")
+  flags.DEFINE_bool("fresh", False, "launch: start training over, ignoring the backup of an "
+                    "earlier run (restarts within this launch still resume).")
   flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "
                     "Slurm's environment (one srun task per task; see `tfdist export slurm`).")
   flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "

@@ -33,16 +33,18 @@ def run(args: list[str], task: str | None) -> int:
   log_dir = FLAGS.logs or f"tfdist-logs/{time.strftime('%Y%m%d-%H%M%S')}"
   held = []  # The ports of the running plan, held until it ends.
 
-  def make_plan():
+  def make_plan(fresh: bool = False):
     while held:
       held.pop().close()
     if not config.cluster.has_addresses:
       held.append(ports.HeldPorts(len(config.cluster.tasks())))
     return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=only,
-                            ports=held[0].ports if held else ())
+                            ports=held[0].ports if held else (), fresh=fresh)
 
   try:
-    first = make_plan()  # Plans (and so checks) before anything starts.
+    # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
+    # resumes from the backup this run wrote.
+    first = make_plan(fresh=FLAGS.fresh)
     for address in plan.public_addresses(config):
       print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
             "have no authentication: run the cluster on a trusted, private network",

@@ -30,6 +30,12 @@ from tfdist.errors import ConfigError
 
 CONFIG_ENV = "TFDIST_CONFIG"
 """Names the config file of a launched process; `load_config()` reads it."""
+FRESH_ENV = "TFDIST_FRESH"
+"""Set to 1 (by `tfdist launch --fresh` for its first start): training starts over instead of
+resuming from its backup."""
+PREPARE_ENV = "TFDIST_PREPARE"
+"""Set to 1 by the launcher in the processes that run the user's command: importing tfdist there
+makes the strategy at once (`tfdist.strategy.startup`)."""
 
 _SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
              "devices": DevicesConfig, "training": TrainingConfig,
@@ -143,7 +149,10 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
   if origin is Literal:
     choices = ", ".join(map(str, args))
     if isinstance(value, bool):
-      raise ConfigError(f"must be one of {choices}; {_BOOLEAN_HINT}", key=key, received=value)
+      meant = _word_for_boolean(value, args)
+      if meant is None:
+        raise ConfigError(f"must be one of {choices}; {_BOOLEAN_HINT}", key=key, received=value)
+      value = meant
     if value not in args:
       raise ConfigError(f"must be one of {choices}", key=key, received=value)
     return value
@@ -167,6 +176,14 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
     if not isinstance(value, str):
       raise ConfigError("must be a string", key=key, received=value)
   return value
+
+
+def _word_for_boolean(value: bool, choices) -> str | None:
+  """The choice YAML turned into `value` (unquoted off/no/false read as False), when exactly
+  one choice can be meant; else None."""
+  words = ("on", "yes", "true") if value else ("off", "no", "false")
+  meant = [c for c in choices if c in words]
+  return meant[0] if len(meant) == 1 else None
 
 
 def _read(source) -> tuple[str | None, Any]:
@@ -247,6 +264,9 @@ def parse_cluster(data: Any, key: str = "cluster") -> ClusterConfig:
         raise ConfigError("a count must be 0 or greater", key=path, received=value)
       counts[job] = value
     elif isinstance(value, list):
+      if not value:
+        raise ConfigError("must list at least one \"host:port\" address; leave the job out "
+                          "for none", key=path, received=value)
       for i, address in enumerate(value):
         try:
           split_address(address)
@@ -259,7 +279,6 @@ def parse_cluster(data: Any, key: str = "cluster") -> ClusterConfig:
   if counts and addresses:
     raise ConfigError("must give every job as counts (a cluster on this machine) or every job "
                       "as address lists (a real cluster), not both", key=key, received=dict(data))
-  addresses = {job: a for job, a in addresses.items() if a}
   if addresses:
     rules.check_unique_addresses(addresses, key)
     return ClusterConfig(**{job: len(a) for job, a in addresses.items()}, addresses=addresses)

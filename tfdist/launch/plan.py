@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from tfdist.config.loader import CONFIG_ENV
+from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
@@ -23,7 +23,7 @@ class ProcessPlan:
   """One process of a launch.
 
   Attributes:
-    task: the task it runs.
+    task: the task it runs; None for the one process of a config without a cluster.
     argv: its command.
     env: the variables it gets on top of the launcher's environment.
     log: its log file.
@@ -32,7 +32,7 @@ class ProcessPlan:
     address: the host:port its TensorFlow server listens on; None for an evaluator (it serves
       nothing).
   """
-  task: TaskConfig
+  task: TaskConfig | None
   argv: tuple[str, ...]
   env: tuple[tuple[str, str], ...]
   log: str
@@ -41,7 +41,7 @@ class ProcessPlan:
 
   @property
   def name(self) -> str:
-    return f"{self.task.type}-{self.task.index}"
+    return "local" if self.task is None else f"{self.task.type}-{self.task.index}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ class LaunchPlan:
 
 def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
                 ports: Sequence[int] = (), task: TaskConfig | None = None,
-                python: str = sys.executable) -> LaunchPlan:
+                python: str = sys.executable, fresh: bool = False) -> LaunchPlan:
   """Plans the processes of `config`'s cluster on this host.
 
   Args:
@@ -81,23 +81,25 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     ports: one free port per task, for a cluster given by counts (a local cluster).
     task: run only this task (one role on this host of a real cluster); None runs them all.
     python: the interpreter that runs `tfdist serve` for parameter-server servers.
+    fresh: training starts over instead of resuming from its backup (`TFDIST_FRESH=1`).
 
   Raises:
-    ConfigError: there is no cluster, no command, a local cluster without ports, or `task` on
-      a cluster given by counts.
+    ConfigError: there is no command, a local cluster without ports, or `task` on a cluster
+      given by counts.
   """
   cluster = config.cluster
-  if cluster.is_empty:
-    raise ConfigError("must name the tasks to launch (e.g. cluster: {worker: 2})",
-                      key="cluster", received={}, source=config.source)
   require_command(command, "tfdist launch")
+  config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
+  if cluster.is_empty:  # One process on this machine: the same command for every config.
+    env = ((CONFIG_ENV, config_path),) + _user_command_env(fresh)
+    return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
+                                   False, None),), "cluster")
   if not cluster.has_addresses:
     if task is not None:
       raise ConfigError("names a task of a real cluster: give the cluster's addresses "
                         "(worker: [\"host:port\", ...]), not counts", key="--task",
                         received=str(task), source=config.source)
     cluster = with_local_addresses(cluster, ports)
-  config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
   processes = []
   for t in cluster.tasks():
     if task is not None and t != task:
@@ -106,12 +108,20 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path))
+    if not serves:
+      env += _user_command_env(fresh)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
     processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
                                  serves, address))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
   asynchronous = config.strategy.name == "parameter_server"
   return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster")
+
+
+def _user_command_env(fresh: bool) -> tuple[tuple[str, str], ...]:
+  """What the processes running the user's command get besides TF_CONFIG and the config:
+  `import tfdist` there makes the strategy before the script runs, and `fresh` starts over."""
+  return ((PREPARE_ENV, "1"),) + (((FRESH_ENV, "1"),) if fresh else ())
 
 
 def require_command(command: Sequence[str], cli: str) -> None:

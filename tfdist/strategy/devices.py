@@ -5,6 +5,11 @@ from __future__ import annotations
 from tfdist.config.schema import DevicesConfig
 from tfdist.errors import DeviceSetupError
 
+RUN_TENSORFLOW_LATER = (
+    "run the script under `tfdist launch` and import tfdist before any TensorFlow code (it makes "
+    "the strategy then), or call tfdist.make_strategy(config) first, or pass tfdist.fit a "
+    "dataset function and a compile function instead of objects built earlier")
+
 
 def configure_devices(devices: DevicesConfig) -> None:
   """Splits the CPU into `devices.logical_cpus` logical devices.
@@ -35,10 +40,9 @@ def configure_devices(devices: DevicesConfig) -> None:
     have = len(tf.config.list_logical_devices("CPU"))
     if have != wanted:
       raise DeviceSetupError(
-          "devices.logical_cpus: must be applied before TensorFlow initialises its devices; "
-          "call tfdist.make_strategy (or tfdist.configure_devices) before running any "
-          f"TensorFlow op. Received: logical_cpus={wanted} with {have} CPU device(s) already "
-          "initialised") from None
+          "devices.logical_cpus: must be applied before TensorFlow initialises its devices: "
+          f"{RUN_TENSORFLOW_LATER}. Received: logical_cpus={wanted} with {have} CPU device(s) "
+          "already initialised") from None
 
 
 def local_gpu_count() -> int:

@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 from tfdist.config import loader, rules
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.errors import ConfigError, DeviceSetupError
-from tfdist.strategy.devices import configure_devices, local_devices, local_gpu_count
+from tfdist.strategy.devices import (RUN_TENSORFLOW_LATER, configure_devices, local_devices,
+                                     local_gpu_count)
 from tfdist.strategy.resolver import cluster_resolver
 
 ConfigLike = Config | str | os.PathLike | Mapping | None
@@ -193,9 +194,8 @@ def _build_multi_worker_mirrored(options, config: Config):
     if "must be configured at program startup" not in str(e):
       raise
     raise DeviceSetupError(
-        "multi_worker_mirrored must be made before TensorFlow runs anything (an op, a variable, "
-        "a Keras optimizer): make the strategy first, or pass tfdist.fit a compile function. "
-        f"Received: {e}") from None
+        "multi_worker_mirrored must be made before TensorFlow runs anything (a dataset, an op, "
+        f"a Keras optimizer): {RUN_TENSORFLOW_LATER}. Received: {e}") from None
 
 
 def _build_parameter_server(options, config: Config):

@@ -24,25 +24,11 @@ import tempfile
 
 import keras
 
+from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
 
 FINAL_MODEL = "model.keras"
 EPOCH_CHECKPOINT = "epoch-{epoch:04d}.weights.h5"
-
-
-def is_chief(config: Config) -> bool:
-  """The chief task, or worker 0 of a cluster without one, or a process without a cluster."""
-  task = config.task
-  if task is None or config.cluster.is_empty:
-    return True
-  if config.cluster.chief:
-    return task.type == "chief"
-  return task.type == "worker" and task.index == 0
-
-
-def task_name(config: Config) -> str:
-  task = config.task
-  return "local" if task is None else f"{task.type}-{task.index}"
 
 
 @contextlib.contextmanager
@@ -63,8 +49,10 @@ class Backup(keras.callbacks.BackupAndRestore):
   """Keras's BackupAndRestore in a directory of this task's own: one directory shared by the
   workers races (FileExistsError at the first epoch end, an h5 lock after a restart)."""
 
-  def __init__(self, config: Config):
+  def __init__(self, config: Config, fresh: bool = False):
     self.directory = os.path.join(config.checkpoint.dir, "backup", task_name(config))
+    if fresh:
+      shutil.rmtree(self.directory, ignore_errors=True)
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
 
@@ -113,8 +101,9 @@ def save_final_model(model, config: Config) -> str | None:
   return path if is_chief(config) else None
 
 
-def callbacks(config: Config) -> list:
-  """The file callbacks the config asks for: backup first (it restores before the others run)."""
+def callbacks(config: Config, fresh: bool = False) -> list:
+  """The file callbacks the config asks for: backup first (it restores before the others run).
+  `fresh` removes this task's backup first: training starts over."""
   if not config.checkpoint.dir:
     return []
-  return [Backup(config), EpochCheckpoint(config)]
+  return [Backup(config, fresh), EpochCheckpoint(config)]

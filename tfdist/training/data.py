@@ -7,11 +7,20 @@
   else DATA, so in-memory data gives no auto-shard warning.
 - a function of `tf.distribute.InputContext`: called once per worker through
   `strategy.distribute_datasets_from_function`; it shards and batches itself.
+- a Python generator of global batches: read through `tf.data.Dataset.from_generator`, its
+  signature taken from the first batch.
+
+A dataset batched by another size than the config's global batch is refused, as is numpy input
+whose last batch would leave a replica with no examples (TensorFlow's convolution gradients fail
+on an empty batch: its last examples, fewer than the replicas, are dropped, and tfdist says so).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +32,7 @@ _FILE_READERS = {b"TFRecordDataset", b"TFRecordDatasetV2", b"TextLineDataset",
                  b"TextLineDatasetV2", b"FixedLengthRecordDataset",
                  b"FixedLengthRecordDatasetV2"}
 _DEFAULT_SHUFFLE_SEED = 0
+_EMPTY_BATCH_ERRORS = ("Missing 1-th output", "evenly divisible by filter depth")
 
 
 class DataError(TfdistError, ValueError):
@@ -62,14 +72,18 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     return strategy.distribute_datasets_from_function(x)
   if isinstance(x, tf.distribute.DistributedDataset):
     return x
+  if is_generator(x):
+    x = from_generator(x, name)
   if isinstance(x, tf.data.Dataset):
     if y is not None:
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
                       f"Received: y of type {type(y).__name__}")
+    require_batched_by(x, batch_size, name)
     return _with_shard_policy(x)
   if is_arrays(x):
     require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y)
+    arrays = _without_empty_replica_batches(arrays, batch_size, _replicas(strategy), name)
     if shuffle:
       dataset = _shuffled_epochs(arrays, batch_size, _DEFAULT_SHUFFLE_SEED if seed is None
                                  else seed, first_epoch, epochs)
@@ -89,9 +103,96 @@ def require_batch_size(batch_size: int | None, name: str) -> None:
                     "Received: batch_size=None")
 
 
-def batch_count(x, batch_size: int) -> int:
-  """Batches in one epoch of numpy input `x`, the last one partial."""
-  return -(-len(tf.nest.flatten(x)[0]) // batch_size)
+def is_generator(x) -> bool:
+  """A Python generator or other one-pass iterator (not arrays, not a dataset)."""
+  return isinstance(x, Iterator) and not isinstance(x, tf.data.Dataset)
+
+
+def require_steps_for_generator(x, steps_per_epoch: int | None, name: str) -> None:
+  """Raises DataError for a generator without steps_per_epoch: it is read once, as one stream
+  over every epoch, so only a step count can end an epoch."""
+  if is_generator(x) and not steps_per_epoch:
+    raise DataError(f"{name}: a Python generator is read once, as one stream over every epoch: "
+                    "make it endless and set training.steps_per_epoch (or pass "
+                    "steps_per_epoch). Received: a generator and steps_per_epoch=None")
+
+
+def from_generator(generator: Iterator, name: str = "x") -> tf.data.Dataset:
+  """A dataset of a Python generator's batches; the signature is read off the first one."""
+  try:
+    first = next(generator)
+  except StopIteration:
+    raise DataError(f"{name}: the generator yields no batch. Received: an empty generator") \
+        from None
+  signature = tf.nest.map_structure(
+      lambda a: tf.TensorSpec((None,) + tuple(np.shape(a))[1:], tf.as_dtype(np.asarray(a).dtype)),
+      first)
+  # One stream for every epoch: each epoch goes on where the last stopped.
+  stream = itertools.chain([first], generator)
+  return tf.data.Dataset.from_generator(lambda: stream, output_signature=signature)
+
+
+def batched_by(dataset: tf.data.Dataset) -> int | None:
+  """The batch size of the last `batch()` in the dataset's pipeline, or None without one."""
+  while dataset is not None:
+    size = getattr(dataset, "_batch_size", None)
+    if size is not None:
+      return int(size)
+    dataset = getattr(dataset, "_input_dataset", None)
+  return None
+
+
+def require_batched_by(dataset: tf.data.Dataset, batch_size: int | None, name: str) -> None:
+  """Raises DataError when the dataset's batch size is not the config's global batch."""
+  batched = batched_by(dataset)
+  if batch_size and batched is not None and batched != batch_size:
+    raise DataError(f"{name}: a tf.data.Dataset must be batched by the global batch size, "
+                    f"{batch_size} (training.global_batch_size, or per_replica_batch_size x "
+                    f"replicas); or leave the batch size out of the config. Received: a dataset "
+                    f"batched by {batched}")
+
+
+def require_serializable(dataset: tf.data.Dataset, name: str) -> None:
+  """Raises DataError when the dataset cannot be rebuilt elsewhere from its graph, as
+  parameter-server workers rebuild it (`ClusterCoordinator.create_per_worker_dataset`)."""
+  try:
+    dataset._as_serialized_graph(
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+  except tf.errors.FailedPreconditionError:
+    raise DataError(f"{name}: parameter-server workers rebuild the dataset from its graph, and "
+                    "this one runs Python code (from_generator or py_function): pass a dataset "
+                    "function that builds it from arrays or files. Received: a dataset with "
+                    "Python state") from None
+
+
+def usable_count(count: int, batch_size: int, replicas: int) -> int:
+  """How many of `count` examples to train on so that no replica gets an empty batch. Pure.
+
+  A last batch of b examples is split over k replicas in pieces of ceil(b/k): when those run
+  out before the last replica, it gets none, and TensorFlow's convolution gradients fail on an
+  empty batch ("Missing 1-th output from Conv2DBackpropFilter"). Leaving out b mod k examples
+  (fewer than k) gives every replica at least one.
+  """
+  last = count % batch_size
+  if replicas <= 1 or not last or -(-last // replicas) * (replicas - 1) < last:
+    return count
+  return count - last % replicas
+
+
+def _without_empty_replica_batches(arrays, batch_size: int, replicas: int, name: str):
+  count = len(tf.nest.flatten(arrays)[0])
+  keep = usable_count(count, batch_size, replicas)
+  if keep == count:
+    return arrays
+  print(f"tfdist: {name}: its last batch of {count % batch_size} examples would leave one of "
+        f"the {replicas} replicas without examples; the last {count - keep} example(s) are left "
+        "out of each epoch", flush=True)
+  return tf.nest.map_structure(lambda a: a[:keep], arrays)
+
+
+def batch_count(x, batch_size: int, replicas: int = 1) -> int:
+  """Batches in one epoch of numpy input `x` over `replicas`, the last one partial."""
+  return -(-usable_count(len(tf.nest.flatten(x)[0]), batch_size, replicas) // batch_size)
 
 
 def _shuffled_epochs(arrays, batch_size: int, seed: int, first_epoch: int, epochs: int | None):
@@ -108,6 +209,26 @@ def _shuffled_epochs(arrays, batch_size: int, seed: int, first_epoch: int, epoch
   return numbers.flat_map(epoch).map(
       lambda indices: tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors),
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@contextlib.contextmanager
+def empty_batches_explained(name: str):
+  """Turns TensorFlow's kernel error for a replica's empty batch into a DataError saying what to
+  change (a dataset's last batch, split over the replicas, left one with no examples)."""
+  try:
+    yield
+  except (tf.errors.InternalError, tf.errors.InvalidArgumentError) as e:
+    if not any(text in str(e) for text in _EMPTY_BATCH_ERRORS):
+      raise
+    raise DataError(f"{name}: a replica received an empty batch (the data's last batch, split "
+                    "over the replicas, left it none), and TensorFlow's convolution gradients "
+                    "fail on one: batch with drop_remainder=True, or pass numpy arrays (tfdist "
+                    f"then leaves out the few examples concerned). Received: {type(e).__name__}"
+                    ) from None
+
+
+def _replicas(strategy) -> int:
+  return 1 if strategy is None else strategy.num_replicas_in_sync
 
 
 def is_arrays(x) -> bool:

@@ -4,10 +4,14 @@ strategy, with the model built in the strategy's scope and the batches sharded r
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable, Mapping
 
 from tfdist.config import rules
 from tfdist.config.batch import batch_sizes
+from tfdist.config.loader import FRESH_ENV
+from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
 from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
@@ -61,7 +65,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   config = as_config(config)
   evaluator = config.task is not None and config.task.type == "evaluator"
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
-  from tfdist.training import checkpoints, data, fused_updates, keras_fixes, precision
+  from tfdist.training import checkpoints, data, keras_fixes, report, user_files
 
   import keras
   training = config.training
@@ -69,6 +73,72 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     keras.utils.set_random_seed(training.seed)
   global_batch = _batch(config, strategy, batch_size)
   epochs = epochs or training.epochs
+  model, policy, fused = _build(model_fn, compile, strategy, config)
+  if evaluator:
+    from tfdist.training.evaluator import evaluate_checkpoints
+    return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
+                                config=config, epochs=epochs)
+  files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
+  first_epoch = files[0].saved_epoch() if files else 0
+  steps_per_epoch = steps_per_epoch or training.steps_per_epoch
+  endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
+  if shuffle and global_batch and data.is_arrays(train_data):
+    steps_per_epoch = steps_per_epoch or data.batch_count(
+        train_data, global_batch, strategy.num_replicas_in_sync)
+  data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
+  asynchronous = config.strategy.name == "parameter_server"
+  train = None if asynchronous else data.make_dataset(
+      train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
+      seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
+      name="train_data")
+  epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
+  # Never more steps per call than an epoch has: the progress bar would count past the end.
+  model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
+  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+  if training.scale_learning_rate or training.warmup_epochs:
+    from tfdist.training import schedule
+    multiplier = strategy.num_replicas_in_sync if training.scale_learning_rate else 1
+    warmup = training.warmup_epochs * _require_steps(epoch_steps, config)
+    schedule.scale_learning_rate(optimizer, multiplier, warmup)
+  if is_chief(config):
+    report.say(report.choices_line(
+        strategy_name=config.strategy.name, replicas=strategy.num_replicas_in_sync,
+        global_batch=global_batch, policy=policy, steps_per_execution=model.steps_per_execution,
+        fused=fused, accumulation=training.gradient_accumulation_steps))
+    if first_epoch:
+      report.say(report.resume_line(first_epoch, epochs, files[0].directory))
+    if epoch_steps:  # Keras counts every batch as an optimizer step, accumulating or not.
+      report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
+                                         updates=epoch_steps * epochs,
+                                         updates_per_epoch=epoch_steps))
+  with user_files.chief_only(callbacks or [], config) as callbacks:
+    if asynchronous:
+      from tfdist.training import parameter_server
+      history = parameter_server.fit(
+          model, strategy, train_data, y, batch_size=global_batch, epochs=epochs,
+          initial_epoch=first_epoch, steps_per_epoch=steps_per_epoch,
+          steps_per_execution=model.steps_per_execution,
+          validation=_validation(validation_data, None, global_batch),
+          callbacks=files + callbacks, source=config.source, **_ps_kwargs(fit_kwargs, config))
+    else:
+      validation = _validation(validation_data, strategy, global_batch)
+      with keras_fixes.fixed_for(model, strategy, steps_per_epoch), \
+          data.empty_batches_explained("train_data"):
+        history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                            validation_data=validation, callbacks=files + callbacks,
+                            shuffle=False, **fit_kwargs)
+  if config.checkpoint.dir:
+    checkpoints.save_final_model(model, config)
+  user_files.save_on_chief_only(model, config)
+  return history
+
+
+def _build(model_fn, compile, strategy, config: Config):
+  """The model built and compiled in the strategy's scope, with tfdist's speed knobs; returns
+  it, its dtype policy and the name of the optimizer whose update is fused (or None)."""
+  from tfdist.training import fused_updates, precision
+
+  training = config.training
   with strategy.scope():
     policy = precision.policy_for(training.mixed_precision,
                                   loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
@@ -82,51 +152,11 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
                         "pass compile=dict(optimizer=..., loss=...)", key="compile",
                         received=None)
     model.jit_compile = training.jit_compile
-    model.steps_per_execution = training.steps_per_execution
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    if training.fused_optimizer:
-      fused_updates.install(optimizer)
+    fused = training.fused_optimizer and fused_updates.install(optimizer)
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
-
-  if evaluator:
-    from tfdist.training.evaluator import evaluate_checkpoints
-    return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
-                                config=config, epochs=epochs)
-  callbacks = list(callbacks or [])
-  files = checkpoints.callbacks(config)
-  first_epoch = files[0].saved_epoch() if files else 0
-  steps_per_epoch = steps_per_epoch or training.steps_per_epoch
-  endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
-  if shuffle and global_batch and data.is_arrays(train_data):
-    steps_per_epoch = steps_per_epoch or data.batch_count(train_data, global_batch)
-  asynchronous = config.strategy.name == "parameter_server"
-  train = None if asynchronous else data.make_dataset(
-      train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
-      seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
-      name="train_data")
-  if training.scale_learning_rate or training.warmup_epochs:
-    from tfdist.training import schedule
-    multiplier = strategy.num_replicas_in_sync if training.scale_learning_rate else 1
-    warmup = training.warmup_epochs * _steps_in_an_epoch(train, steps_per_epoch, config)
-    schedule.scale_learning_rate(optimizer, multiplier, warmup)
-  if asynchronous:
-    from tfdist.training import parameter_server
-    history = parameter_server.fit(
-        model, strategy, train_data, y, batch_size=global_batch, epochs=epochs,
-        initial_epoch=first_epoch, steps_per_epoch=steps_per_epoch,
-        steps_per_execution=training.steps_per_execution,
-        validation=_validation(validation_data, None, global_batch),
-        callbacks=files + callbacks, source=config.source, **_ps_kwargs(fit_kwargs, config))
-  else:
-    validation = _validation(validation_data, strategy, global_batch)
-    with keras_fixes.fixed_for(model, strategy, steps_per_epoch):
-      history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                          validation_data=validation, callbacks=files + callbacks,
-                          shuffle=False, **fit_kwargs)
-  if config.checkpoint.dir:
-    checkpoints.save_final_model(model, config)
-  return history
+  return model, policy, type(optimizer).__name__ if fused else None
 
 
 def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,
@@ -183,17 +213,22 @@ def _batch(config: ConfigLike, strategy, batch_size: int | None) -> int | None:
   return batch_sizes(as_config(config).training, strategy.num_replicas_in_sync).global_batch_size
 
 
-def _steps_in_an_epoch(dataset, steps_per_epoch: int | None, config: Config) -> int:
+def _steps_in_an_epoch(dataset, steps_per_epoch: int | None) -> int | None:
+  """Steps in one epoch: the caller's, else the dataset's when it knows (None when not)."""
   if steps_per_epoch:
     return steps_per_epoch
   import tensorflow as tf
   count = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -1
-  if count < 0:
+  return count if count > 0 else None
+
+
+def _require_steps(epoch_steps: int | None, config: Config) -> int:
+  if epoch_steps is None:
     raise ConfigError("needs the number of steps in an epoch, which this dataset does not "
                       "know: set training.steps_per_epoch or pass steps_per_epoch",
                       key="training.warmup_epochs", received=config.training.warmup_epochs,
                       source=config.source)
-  return count
+  return epoch_steps
 
 
 def _validation(validation_data, strategy, global_batch):

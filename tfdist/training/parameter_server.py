@@ -45,6 +45,10 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
     raise ConfigError("must be set under parameter_server: workers read endlessly repeated "
                       "data, so an epoch is a number of steps", key="training.steps_per_epoch",
                       received=None, source=source)
+  if data.is_generator(train_data):
+    raise data.DataError("train_data: parameter-server workers cannot run a Python generator "
+                         "of the chief: pass a tf.data.Dataset built from arrays or files, or a "
+                         "dataset function. Received: a generator")
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
   with strategy.scope():
     model._symbolic_build(data_batch=_one_batch(train_data, y, batch_size))
@@ -152,7 +156,8 @@ def _one_batch(train_data, y, batch_size):
 
 
 def _worker_dataset(train_data, y, strategy, batch_size):
-  """What each worker reads: its own endless stream of batches.
+  """What each worker reads: its own endless stream of batches (a dataset function, or a
+  dataset the coordinator rebuilds on each worker; a dataset made on the chief cannot be sent).
 
   numpy arrays are shuffled with a seed each worker draws when its dataset is made, so the
   workers do not read in lockstep (visitation is random, as TensorFlow's parameter-server guide
@@ -162,7 +167,9 @@ def _worker_dataset(train_data, y, strategy, batch_size):
     return lambda: strategy.distribute_datasets_from_function(
         lambda context: train_data(context).repeat())
   if isinstance(train_data, tf.data.Dataset):
-    return lambda: train_data.repeat()
+    data.require_batched_by(train_data, batch_size, "train_data")
+    data.require_serializable(train_data, "train_data")
+    return train_data.repeat()  # The coordinator rebuilds it on each worker from its graph.
   data.require_batch_size(batch_size, "train_data")
   arrays = train_data if y is None else (train_data, y)
   count = len(tf.nest.flatten(arrays)[0])

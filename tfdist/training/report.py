@@ -1,0 +1,74 @@
+"""What `tfdist.fit` tells the user before training: what it chose that plain Keras would not,
+where it resumes from, and a learning-rate schedule that ends before the run does.
+
+Printed by the chief alone (every worker would print the same), as one line each:
+
+```
+tfdist: multi_worker_mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: bfloat16 mixed precision (training.mixed_precision: off for float32); 19 steps per call, batch callbacks see every 19th batch (training.steps_per_execution: 1); fused Adam update (training.fused_optimizer: false)
+```
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import keras
+
+from tfdist.training import precision
+
+
+def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None, policy: str,
+                 steps_per_execution: int, fused: str | None, accumulation: int) -> str:
+  """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
+  that plain Keras would not, with the config key that turns it off. Pure."""
+  batch = ("batch from the data" if global_batch is None else
+           f"global batch {global_batch} ({global_batch // replicas} per replica)")
+  head = f"tfdist: {strategy_name}, {replicas} replica{'s' * (replicas != 1)}, {batch}."
+  unlike = []
+  if policy != precision.FLOAT32:
+    unlike.append(f"{policy.removeprefix('mixed_')} mixed precision "
+                  "(training.mixed_precision: off for float32)")
+  if steps_per_execution > 1:
+    unlike.append(f"{steps_per_execution} steps per call, batch callbacks see every "
+                  f"{steps_per_execution}th batch (training.steps_per_execution: 1)")
+  if fused:
+    unlike.append(f"fused {fused} update (training.fused_optimizer: false)")
+  if accumulation > 1:
+    unlike.append(f"one update every {accumulation} batches "
+                  "(training.gradient_accumulation_steps: 1)")
+  return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
+
+
+def resume_line(epoch: int, epochs: int, directory: str) -> str:
+  return (f"tfdist: resuming at epoch {epoch + 1} of {epochs} from {directory} "
+          "(`tfdist launch --fresh`, or TFDIST_FRESH=1, starts over)")
+
+
+def schedule_end(schedule) -> int | None:
+  """The optimizer step after which a decaying schedule stays at its final rate; None for
+  schedules that never end (exponential, inverse time, restarts) or are not schedules."""
+  inner = getattr(schedule, "base", None)  # tfdist's ScaledWarmup wraps the user's.
+  if inner is not None and isinstance(inner, keras.optimizers.schedules.LearningRateSchedule):
+    return schedule_end(inner)
+  if isinstance(schedule, keras.optimizers.schedules.CosineDecay):
+    return int(schedule.decay_steps) + int(schedule.warmup_steps or 0)
+  if isinstance(schedule, keras.optimizers.schedules.PolynomialDecay) and not schedule.cycle:
+    return int(schedule.decay_steps)
+  return None
+
+
+def schedule_warning(schedule, *, updates: int, epochs: int, updates_per_epoch: int) -> str | None:
+  """A warning when `schedule` ends before the run's `updates` optimizer steps. Pure."""
+  end = schedule_end(schedule)
+  if end is None or end >= updates:
+    return None
+  return (f"tfdist: warning: the learning-rate schedule {type(schedule).__name__} ends at step "
+          f"{end}, but this run makes {updates} optimizer steps ({epochs} epochs x "
+          f"{updates_per_epoch}); the rate stays at its final value from epoch "
+          f"{end // max(updates_per_epoch, 1) + 1}. Size decay_steps from the run's steps")
+
+
+def say(line: str | None, out: TextIO = sys.stdout) -> None:
+  if line:
+    print(line, file=out, flush=True)
