@@ -80,9 +80,12 @@ BAD_CONFIGS = [
      "{f}: strategy.name: must be one of default, one_device, mirrored, multi_worker_mirrored, "
      "central_storage, parameter_server; YAML reads unquoted yes/no/on/off/true/false as a "
      "boolean: quote the value. Received: False"),
-    ("option_yaml_boolean", "training: {mixed_precision: off}\n", None, None,
+    ("option_yaml_boolean", "training: {mixed_precision: on}\n", None, None,
      "{f}: training.mixed_precision: must be one of off, auto, bfloat16, float16; YAML reads "
-     "unquoted yes/no/on/off/true/false as a boolean: quote the value. Received: False"),
+     "unquoted yes/no/on/off/true/false as a boolean: quote the value. Received: True"),
+    ("empty_job_list", "cluster: {worker: []}\nstrategy: multi_worker_mirrored\n", None, None,
+     '{f}: cluster.worker: must list at least one "host:port" address; leave the job out for '
+     "none. Received: []"),
     ("option_of_another_strategy", "strategy: {name: mirrored, communication: ring}\n", None, None,
      "{f}: strategy.communication: is not an option of mirrored; its options are: devices, "
      "cross_device_ops. Received: 'ring'"),

@@ -8,7 +8,7 @@ import pytest
 from tfdist import load_config
 from tfdist.config import (ClusterConfig, MirroredOptions, MultiWorkerMirroredOptions,
                            TaskConfig, config_to_dict)
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, REPO
 
 WORKERS = ["127.0.0.1:2001", "127.0.0.1:2002"]
 
@@ -110,3 +110,19 @@ def test_multi_worker_example_has_counts_until_launched():
   config = load_config(CONFIGS / "multi_worker_mirrored.yaml", environ={})
   assert config.cluster == ClusterConfig(worker=2)
   assert config.strategy.options == MultiWorkerMirroredOptions("ring", 120.0, 0)
+
+
+def test_an_unquoted_off_is_taken_as_meant(write_config):
+  config = load_config(write_config("training: {mixed_precision: off}\n"), environ={})
+  assert config.training.mixed_precision == "off"
+
+
+def readme_yaml_blocks():
+  text = (REPO / "README.md").read_text()
+  return [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
+
+
+@pytest.mark.parametrize("index", range(len(readme_yaml_blocks())))
+def test_every_readme_example_loads_exactly_as_written(index, write_config):
+  config = load_config(write_config(readme_yaml_blocks()[index]), environ={})
+  assert load_config(config_to_dict(config), environ={}) == config

@@ -69,6 +69,6 @@ def schedule_warning(schedule, *, updates: int, epochs: int, updates_per_epoch: 
           f"{end // max(updates_per_epoch, 1) + 1}. Size decay_steps from the run's steps")
 
 
-def say(line: str | None, out: TextIO = sys.stdout) -> None:
+def say(line: str | None, out: TextIO | None = None) -> None:
   if line:
-    print(line, file=out, flush=True)
+    print(line, file=out or sys.stdout, flush=True)
