@@ -51,6 +51,18 @@ def test_parameter_server_plan_starts_servers_first(write_config, tmp_path):
   assert plan.processes[4].address is None  # An evaluator serves nothing.
 
 
+def test_a_config_without_a_cluster_is_one_process(write_config, tmp_path):
+  path = write_config("strategy: mirrored\ndevices: {logical_cpus: 2}\n")
+  plan = plan_launch(tfdist.load_config(path, environ={}), str(path), ["python", "t.py"],
+                     log_dir=str(tmp_path), fresh=True)
+  (only,) = plan.processes
+  assert (only.name, only.address, only.argv, only.serves) == ("local", None, ("python", "t.py"),
+                                                               False)
+  assert dict(only.env) == {"TFDIST_CONFIG": str(path), "TFDIST_PREPARE": "1",
+                            "TFDIST_FRESH": "1",
+                            "TFDIST_HEARTBEAT": str(tmp_path / ".local.heartbeat")}
+
+
 def test_one_task_of_a_real_cluster(write_config, tmp_path):
   path = write_config('cluster: {worker: ["10.0.0.1:2222", "10.0.0.2:2222"]}\n')
   plan = plan_launch(tfdist.load_config(path, environ={}), str(path), ["python", "t.py"],
@@ -61,7 +73,6 @@ def test_one_task_of_a_real_cluster(write_config, tmp_path):
 
 
 @pytest.mark.parametrize("yaml,command,task,message", [
-    ("strategy: default\n", ["python"], None, r"cluster: must name the tasks to launch"),
     ("cluster: {worker: 2}\n", [], None, r"command: must be given after --"),
     ("cluster: {worker: 2}\n", ["python"], TaskConfig("worker", 1),
      r"--task: names a task of a real cluster: give the cluster's addresses"),
@@ -187,7 +198,8 @@ def test_missing_peer_fails_at_the_startup_deadline_naming_it(write_config, tmp_
   result = launch(str(path), "--logs", str(tmp_path), "--startup-timeout", "20",
                   "--grace-period", "2", "--", sys.executable, "-c", program, timeout=120)
   assert result.returncode == 3, result.stdout[-3000:]
-  assert re.search(r"start-up deadline: worker-1 \(127\.0\.0\.1:\d+\) did not come up in 20 s",
+  assert re.search(r"waiting for worker-1 at 127\.0\.0\.1:\d+ \(1\d s of 20 s\)", result.stdout)
+  assert re.search(r"start-up deadline: worker-1 at 127\.0\.0\.1:\d+ did not come up in 20 s",
                    result.stdout)
   assert "worker-0" not in result.stdout.split("start-up deadline:")[1].split("\n")[0]
   assert time.monotonic() - started < 60

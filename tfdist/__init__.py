@@ -16,6 +16,7 @@ from tfdist.config import BatchSizes, Config, batch_sizes, load_config, replica_
 from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
 from tfdist.errors import ConfigError, DeviceSetupError, TfdistError
+from tfdist.launch.liveness import start_from_environment as _beat
 from tfdist.strategy import (central_storage, cluster_resolver, configure_devices, default,
                              make_strategy, mirrored, multi_worker_mirrored, one_device,
                              parameter_server, serve, start_server)
@@ -24,4 +25,5 @@ from tfdist.training.fit import evaluate, fit, predict
 
 __version__ = "0.1.0"
 
+_beat()  # A launched task tells its launcher it is alive, even while the strategy waits.
 _prepare()  # A launched task's strategy, before the script can start TensorFlow.

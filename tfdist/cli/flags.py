@@ -5,6 +5,30 @@ spelled with hyphens (`--dry-run`), as torchrun and accelerate spell theirs; rea
 from absl import flags
 
 
+COMMAND_FLAGS = {
+    "launch": ("task", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
+               "heartbeat-timeout", "grace-period", "logs", "keep-alive", "port"),
+    "check": ("task",),
+    "serve": ("task",),
+    "export": ("nodes", "port", "gpus-per-task", "image", "kind", "name", "namespace"),
+}
+"""The flags each command reads, in the order its help lists them."""
+
+
+_METAVARS = {int: "N", float: "SECONDS"}
+
+
+def flags_help(command: str) -> str:
+  """Every flag of `command`, one per line, with its default and meaning."""
+  lines = []
+  for name in COMMAND_FLAGS[command]:
+    flag = flags.FLAGS[name]
+    default = "none" if flag.default is None else str(flag.default).lower()
+    value = "" if flag.boolean else " " + _METAVARS.get(type(flag.default), "VALUE")
+    lines.append(f"  --{name}{value} (default: {default})\n      {flag.help}")
+  return "\n".join(lines)
+
+
 def define_flags() -> None:
   """Defines the CLI's flags; call once, before parsing."""
   flags.DEFINE_string(
@@ -16,6 +40,9 @@ def define_flags() -> None:
                        lower_bound=0)
   flags.DEFINE_float("startup-timeout", 120, "launch: seconds for every task's server to come "
                      "up before the launch fails naming the missing tasks.", lower_bound=1)
+  flags.DEFINE_float("heartbeat-timeout", 60, "launch: seconds a task may go without a "
+                     "heartbeat (frozen: stopped, swapped out) before it is named as the root "
+                     "cause and the launch fails.", lower_bound=1)
   flags.DEFINE_float("grace-period", 5, "launch: seconds between SIGTERM and SIGKILL when "
                      "stopping tasks.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "

@@ -1,9 +1,12 @@
-"""`tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--max-restarts N] -- COMMAND`:
-every task of the config's cluster on this machine (a cluster given by counts: 127.0.0.1 and
-free ports, held until the launch ends), or one task of a real cluster on this host, supervised."""
+"""`tfdist launch CONFIG [FLAGS] -- COMMAND`: every task of the config's cluster on this machine
+(a cluster given by counts: 127.0.0.1 and free ports, held until the launch ends), one task of a
+real cluster on this host (`--task`, `--slurm`), or one process for a config without a cluster;
+supervised: output prefixed per task and logged, tasks ended with the launcher, the root cause
+of a failure named."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -13,8 +16,9 @@ from absl import flags
 from tfdist.config import load_config
 from tfdist.config.loader import parse_task_flag
 
-USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--max-restarts N] "
-         "-- COMMAND")
+USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--fresh] "
+         "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--grace-period S] "
+         "[--logs DIR] [--keep-alive] [--port P] -- COMMAND")
 FLAGS = flags.FLAGS
 
 
@@ -55,12 +59,14 @@ def run(args: list[str], task: str | None) -> int:
     plans = iter([first])
     outcome = supervisor.Supervisor(
         lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
-        max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value).run()
+        max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value,
+        heartbeat_timeout=FLAGS["heartbeat-timeout"].value).run()
   finally:
     while held:
       held.pop().close()
-  print(f"tfdist launch: {outcome.message} (exit code {outcome.code}); logs in {log_dir}",
-        file=sys.stderr)
+  with contextlib.suppress(BrokenPipeError, OSError):  # A reader that went away (`| head`).
+    print(f"tfdist launch: {outcome.message} (exit code {outcome.code}); logs in {log_dir}",
+          file=sys.stderr, flush=True)
   if outcome.code == supervisor.OK and FLAGS["keep-alive"].value:
     _wait_until_stopped()
   return outcome.code

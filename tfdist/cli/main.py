@@ -11,18 +11,40 @@ import sys
 from absl import app, flags
 
 from tfdist.cli import check, export, launch, serve
-from tfdist.cli.flags import define_flags
+from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
 COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export}
 
 
+HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
+        "commands:\n"
+        "  launch   start every task of the config's cluster (or this host's task), supervised\n"
+        "  check    validate a config and show what it will do\n"
+        "  serve    run a worker or ps server of a parameter-server cluster\n"
+        "  export   print an sbatch script or Kubernetes manifests for the cluster\n\n"
+        "`tfdist COMMAND --help` lists a command's flags with their defaults.")
+
+
 def _usage() -> str:
   return "usage: " + " | ".join(command.USAGE for command in COMMANDS.values())
 
 
+def help_text(command: str | None) -> str:
+  """`tfdist --help`, or `tfdist COMMAND --help`: usage and every flag with its default."""
+  if command not in COMMANDS:
+    return f"{HELP}\n\n{_usage()}"
+  doc = (COMMANDS[command].__doc__ or "").strip()
+  return f"usage: {COMMANDS[command].USAGE}\n\n{doc}\n\nflags:\n{flags_help(command)}"
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
+  before_command = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+  if {"-h", "--help", "-help", "--helpfull"} & set(before_command):
+    command = next((a for a in before_command if not a.startswith("-")), None)
+    print(help_text(command))
+    sys.exit(0)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

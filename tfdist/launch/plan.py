@@ -16,6 +16,7 @@ from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
+from tfdist.launch.liveness import HEARTBEAT_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +53,12 @@ class LaunchPlan:
     processes: the processes, in start order (servers first).
     restart_scope: "cluster" (synchronous training restarts as a whole) or "task"
       (parameter-server training restarts a failed worker alone).
+    peers: (name, host:port) of every task of the cluster that serves, this host's and the
+      others': the start-up deadline waits for each of them.
   """
   processes: tuple[ProcessPlan, ...]
   restart_scope: str
+  peers: tuple[tuple[str, str], ...] = ()
 
   def describe(self) -> str:
     """The plan as the block the launcher logs and `--dry-run` prints."""
@@ -91,7 +95,8 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   require_command(command, "tfdist launch")
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
   if cluster.is_empty:  # One process on this machine: the same command for every config.
-    env = ((CONFIG_ENV, config_path),) + _user_command_env(fresh)
+    env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
+        _user_command_env(fresh)
     return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
                                    False, None),), "cluster")
   if not cluster.has_addresses:
@@ -107,7 +112,8 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     serves = runs_server(config, t.type)
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
-    env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path))
+    env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
+           (HEARTBEAT_ENV, heartbeat_path(log_dir, f"{t.type}-{t.index}")))
     if not serves:
       env += _user_command_env(fresh)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
@@ -115,7 +121,14 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
                                  serves, address))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
   asynchronous = config.strategy.name == "parameter_server"
-  return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster")
+  peers = tuple((f"{t.type}-{t.index}", cluster.addresses[t.type][t.index])
+                for t in cluster.tasks() if t.type != "evaluator")
+  return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers)
+
+
+def heartbeat_path(log_dir: str, name: str) -> str:
+  """The file task `name` touches every second (`tfdist.launch.liveness`)."""
+  return os.path.join(log_dir, f".{name}.heartbeat")
 
 
 def _user_command_env(fresh: bool) -> tuple[tuple[str, str], ...]:

@@ -52,3 +52,15 @@ def free_ports(count: int) -> list[int]:
   """`count` distinct free ports, not held (for tests and benchmarks that bind them at once)."""
   with HeldPorts(count) as held:
     return held.ports
+
+
+def accepts(address: str, timeout: float = 0.2) -> bool:
+  """True when a TCP connection to `host:port` succeeds: the task's server is up."""
+  from tfdist.config.tf_config import split_address
+
+  host, port = split_address(address)
+  try:
+    with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+      return True
+  except OSError:
+    return False

@@ -1,23 +1,27 @@
-"""Starts a `LaunchPlan` and watches it: prefixed output and a log per task, a start-up
-deadline, the first failure as root cause, stopping the rest (SIGTERM, then SIGKILL:
-MultiWorkerMirrored ignores SIGTERM), restarts within a budget.
+"""Starts a `LaunchPlan` and watches it: prefixed output and a plain-text log per task, a
+start-up deadline over every peer of the cluster, heartbeats, the first failure (or a frozen
+task) as root cause, stopping the rest (SIGTERM, then SIGKILL: MultiWorkerMirrored ignores
+SIGTERM), restarts within a budget. Tasks die with the launcher (a parent-death signal), and a
+closed terminal (SIGHUP) or stdout does not leave them running.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import Callable, Sequence, TextIO
 
-from tfdist.config.tf_config import split_address
+from tfdist.launch import liveness
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
+from tfdist.launch.ports import accepts
 
 # Exit codes of `tfdist launch`.
 OK = 0
@@ -26,6 +30,15 @@ STARTUP_TIMEOUT = 3
 # Stopped by a signal: 128 + its number (130 for SIGINT, 143 for SIGTERM), as shells report.
 
 _TAIL_LINES = 20
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier root cause.
+_WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
+# Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
+_NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
+# TensorFlow's start-up banners, which TF_CPP_MIN_LOG_LEVEL does not silence (absl logs them
+# before it is initialised); kept in the log file only.
+_BANNERS = re.compile(rb"All log messages before absl::InitializeLog|oneDNN custom operations|"
+                      rb"cpu_feature_guard|To enable the following instructions")
 
 
 @dataclasses.dataclass
@@ -51,43 +64,62 @@ class Supervisor:
     startup_timeout: seconds for every task's server to accept connections.
     max_restarts: restarts allowed (of the cluster, or of a failed parameter-server worker).
     grace_period: seconds between SIGTERM and SIGKILL when stopping.
-    out: where prefixed output and the launcher's messages go.
+    heartbeat_timeout: seconds without a heartbeat after which a task counts as frozen.
+    out: where prefixed output and the launcher's messages go; None, or once it is closed,
+      only the log files get output.
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
-               max_restarts: int = 0, grace_period: float = 5, out: TextIO = sys.stdout):
+               max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
+               out: TextIO | None = sys.stdout):
     self.make_plan = make_plan
     self.startup_timeout = startup_timeout
     self.restarts_left = max_restarts
     self.grace_period = grace_period
+    self.heartbeat_timeout = heartbeat_timeout
     self.out = out
     self._lock = threading.Lock()
     self._stop_signal: int | None = None
     self._running: list[Running] = []
+    self._noise: collections.Counter = collections.Counter()
 
   # -- output ---------------------------------------------------------------------------------
 
   def say(self, line: str) -> None:
+    self._write(f"[tfdist launch] {line}\n")
+
+  def _write(self, text: str) -> None:
     with self._lock:
-      self.out.write(f"[tfdist launch] {line}\n")
-      self.out.flush()
+      if self.out is None:
+        return
+      try:
+        self.out.write(text)
+        self.out.flush()
+      except (BrokenPipeError, OSError, ValueError):
+        self.out = None  # The reader went away (`| head`): keep going, logging to files.
 
   def _pump(self, name: str, stream, log_path: str) -> None:
     with open(log_path, "ab") as log:
       for raw in iter(stream.readline, b""):
-        log.write(raw)
+        log.write(liveness.plain_text(raw).rstrip(b"\n") + b"\n" if raw.strip() else raw)
         log.flush()
-        with self._lock:
-          self.out.write(f"[{name}] {raw.decode(errors='replace')}")
-          self.out.flush()
+        if _BANNERS.search(raw):
+          continue
+        if _NOISE.search(raw):
+          self._noise[name] += 1
+          continue
+        self._write(f"[{name}] {raw.decode(errors='replace')}")
 
   # -- processes -------------------------------------------------------------------------------
 
   def _start(self, p: ProcessPlan) -> Running:
     os.makedirs(os.path.dirname(p.log) or ".", exist_ok=True)
-    process = subprocess.Popen(p.argv, env={**os.environ, **dict(p.env)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **dict(p.env)}  # Unless the user set it.
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(dict(p.env).get(liveness.HEARTBEAT_ENV, ""))  # A beat of an earlier start.
+    process = subprocess.Popen(p.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True,
+                               preexec_fn=liveness.die_with_parent)
     pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log), daemon=True)
     pump.start()
     self.say(f"{p.name} started (pid {process.pid})")
@@ -110,7 +142,7 @@ class Supervisor:
   # -- the loop -------------------------------------------------------------------------------
 
   def run(self) -> Outcome:
-    previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
     try:
       while True:
         plan = self.make_plan()
@@ -130,61 +162,93 @@ class Supervisor:
 
   def _watch(self, plan: LaunchPlan) -> Outcome | None:
     """Watches until the job ends (an Outcome) or the whole cluster must restart (None)."""
-    started = time.monotonic()
-    waiting = {r.plan.name: r for r in self._running if r.plan.address}
+    started = last_waiting_line = time.monotonic()
+    waiting = dict(plan.peers)  # Every task's server, this host's and its peers'.
+    rejoining: dict[str, str] = {}
+    noise_said = 0
     while True:
       if self._stop_signal is not None:
         name = signal.Signals(self._stop_signal).name
         self.say(f"{name} received: stopping every task")
         return Outcome(128 + self._stop_signal, f"stopped by {name}")
-      # Up: its server accepts connections (or it has already exited).
-      waiting = {n: r for n, r in waiting.items()
-                 if r.process.poll() is None and not _accepts(r.plan.address)}
-      if waiting and time.monotonic() - started > self.startup_timeout:
-        names = ", ".join(f"{n} ({r.plan.address})" for n, r in waiting.items())
+      now = time.monotonic()
+      waiting = {n: a for n, a in waiting.items() if not accepts(a)}
+      if waiting and now - started > self.startup_timeout:
+        names = ", ".join(f"{n} at {a}" for n, a in waiting.items())
         self.say(f"start-up deadline: {names} did not come up in {self.startup_timeout:g} s; "
                  "stopping every task")
         return Outcome(STARTUP_TIMEOUT, f"{names} did not come up in "
                        f"{self.startup_timeout:g} s")
+      if waiting and now - last_waiting_line >= _WAITING_EVERY:
+        last_waiting_line = now
+        self.say("waiting for " + ", ".join(f"{n} at {a}" for n, a in waiting.items()) +
+                 f" ({now - started:.0f} s of {self.startup_timeout:g} s)")
+      for name, address in list(rejoining.items()):
+        if accepts(address):
+          self.say(f"{name} is up again at {address}: it rejoined")
+          del rejoining[name]
+      if sum(self._noise.values()) > noise_said:
+        noise_said = sum(self._noise.values())
+        self.say("transient reconnect messages so far (shown in the logs only): " +
+                 ", ".join(f"{n} {c}" for n, c in sorted(self._noise.items())))
+      frozen = self._frozen(self.heartbeat_timeout)
       workers = [r for r in self._running if not r.plan.serves]
       failed = next((r for r in workers if r.process.poll() not in (None, 0)), None)
       failed = failed or next((r for r in self._running if r.plan.serves and
-                               r.process.poll() is not None), None)
-      if failed is not None:
-        self._report_root_cause(failed)
+                               r.process.poll() not in (None, 0)), None)
+      if failed is not None or frozen is not None:
+        cause = self._frozen(_FROZEN_AFTER) or failed or frozen
+        self._report_root_cause(cause, consequence=failed if failed is not cause else None)
         if self.restarts_left <= 0:
           self.say("no restarts left (--max-restarts): stopping every task")
-          return Outcome(TASK_FAILED,
-                         f"{failed.plan.name} exited with {failed.process.returncode}")
+          return Outcome(TASK_FAILED, f"{cause.plan.name} {' '.join(_how_it_ended(cause))}")
         self.restarts_left -= 1
-        if plan.restart_scope == "cluster" or failed.plan.task.type != "worker":
+        if plan.restart_scope == "cluster" or cause.plan.task.type != "worker":
           self.say(f"restarting the whole cluster ({self.restarts_left} restart(s) left after "
                    "this); training resumes from its backup")
           return None
-        self.say(f"restarting {failed.plan.name} alone ({self.restarts_left} restart(s) left)")
-        self._running[self._running.index(failed)] = self._start(failed.plan)
-      elif all(r.process.poll() == 0 for r in workers):
+        self.say(f"restarting {cause.plan.name} alone ({self.restarts_left} restart(s) left)")
+        self._stop([cause])
+        self._running[self._running.index(cause)] = self._start(cause.plan)
+        if cause.plan.address:
+          rejoining[cause.plan.name] = cause.plan.address
+      elif all(r.process.poll() == 0 for r in workers or self._running):
+        # Done: every task running the user's command succeeded; on a host running only
+        # servers (a parameter-server cluster's ps and workers), every server ended with 0.
         self.say("every task finished: done")
         return Outcome(OK, "done")
       time.sleep(0.1)
 
-  def _report_root_cause(self, failed: Running) -> None:
-    failed.pump.join(timeout=2)
-    self.say(f"{failed.plan.name} failed first (exit code {failed.process.returncode}): the "
-             f"root cause. Its log ({failed.plan.log}) ends:\n" + _tail(failed.plan.log))
+  def _frozen(self, after: float) -> Running | None:
+    """The running task silent longest, if its heartbeat is older than `after` seconds."""
+    ages = [(age, r) for r in self._running if r.process.poll() is None
+            for age in [liveness.heartbeat_age(_heartbeat(r))] if age is not None and age > after]
+    return max(ages, key=lambda pair: pair[0])[1] if ages else None
+
+  def _report_root_cause(self, cause: Running, consequence: Running | None = None) -> None:
+    cause.pump.join(timeout=0 if cause.process.poll() is None else 2)
+    what, detail = _how_it_ended(cause)
+    then = (f"; {consequence.plan.name} {' '.join(_how_it_ended(consequence))} after it"
+            if consequence else "")
+    self.say(f"{cause.plan.name} {what} first {detail}: the root cause{then}. Its log "
+             f"({cause.plan.log}) ends:\n" + _tail(cause.plan.log))
+
+
+def _heartbeat(r: Running) -> str:
+  return dict(r.plan.env).get(liveness.HEARTBEAT_ENV, "")
+
+
+def _how_it_ended(r: Running) -> tuple[str, str]:
+  code = r.process.poll()
+  if code is None:
+    age = liveness.heartbeat_age(_heartbeat(r)) or 0
+    return "stopped making progress", f"(no heartbeat for {age:.0f} s, pid {r.process.pid})"
+  return "failed", f"(exit code {code})"
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
   with contextlib.suppress(ProcessLookupError, PermissionError):
     os.killpg(process.pid, signum)
-
-
-def _accepts(address: str) -> bool:
-  host, port = split_address(address)
-  with contextlib.suppress(OSError):
-    with socket.create_connection((host.strip("[]"), port), timeout=0.2):
-      return True
-  return False
 
 
 def _tail(path: str) -> str:

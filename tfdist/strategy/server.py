@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import time
 
-from tfdist.strategy.factory import ConfigLike, as_config
 from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
+from tfdist.launch.ports import accepts
+from tfdist.strategy.factory import ConfigLike, as_config
+
+CHIEF_GONE_SECONDS = 30.0
+"""A server ends (exit 0) once the chief it served has been unreachable this long: the job is
+done (or its chief failed, which its own launcher reports), so every engine sees the job end."""
 
 
 def start_server(config: ConfigLike = None):
@@ -33,6 +39,27 @@ def start_server(config: ConfigLike = None):
       job_name=task.type, task_index=task.index, protocol="grpc", start=True)
 
 
-def serve(config: ConfigLike = None) -> None:
-  """Runs the config's worker or ps server until the process is stopped."""
-  start_server(config).join()
+def serve(config: ConfigLike = None, chief_gone_seconds: float = CHIEF_GONE_SECONDS) -> None:
+  """Runs the config's worker or ps server until its chief has come and gone (unreachable for
+  `chief_gone_seconds` after it was reachable); without a chief, until the process is stopped.
+
+  ```python
+  tfdist.serve("ps_cluster.yaml")   # in a ps or worker task; returns when the job is done
+  ```
+  """
+  config = as_config(config)
+  server = start_server(config)
+  chiefs = (config.cluster.addresses or {}).get("chief", ())
+  if not chiefs:
+    server.join()
+  chief, seen, gone_since = chiefs[0], False, None
+  while True:
+    time.sleep(1.0)
+    if accepts(chief):
+      seen, gone_since = True, None
+    elif seen:
+      gone_since = gone_since or time.monotonic()
+      if time.monotonic() - gone_since >= chief_gone_seconds:
+        print(f"tfdist serve: the chief at {chief} is gone for {chief_gone_seconds:g} s: the "
+              "job is done; stopping", flush=True)
+        return

@@ -1,0 +1,127 @@
+"""No task outlives its launcher, a frozen task is named as the root cause, output stays
+readable: real 2-worker clusters launched through the CLI, killed, hung up on, frozen."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROGRAMS, REPO
+from tests.launching import ENV, finish, read_until, start_launch
+
+MWMS = "cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, timeout_seconds: 30}\n"
+
+
+def launch_steps(write_config, tmp_path, *flags, steps=0):
+  path = write_config(MWMS)
+  return start_launch(str(path), "--logs", str(tmp_path / "logs"), "--grace-period", "2",
+                      *flags, "--", sys.executable, str(PROGRAMS / "steps.py"),
+                      env={"STEPS": str(steps)})
+
+
+def task_pids(process, seen):
+  read_until(process, r"\[worker-1\] STEP 50", 120, seen)
+  pids = dict(re.findall(r"\[(worker-\d)\] .*PID (\d+)", "".join(seen)))
+  assert len(pids) == 2, "".join(seen)
+  return [int(pids["worker-0"]), int(pids["worker-1"])]
+
+
+def assert_all_gone(pids, within=15):
+  deadline = time.monotonic() + within
+  while time.monotonic() < deadline:
+    alive = [p for p in pids if _alive(p)]
+    if not alive:
+      return
+    time.sleep(0.2)
+  for p in alive:
+    os.kill(p, signal.SIGKILL)
+  pytest.fail(f"tasks {alive} outlived their launcher by {within} s")
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(") ")[1][0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_tasks_along(write_config, tmp_path):
+  seen = []
+  launcher = launch_steps(write_config, tmp_path)
+  pids = task_pids(launcher, seen)
+  os.kill(launcher.pid, signal.SIGKILL)  # The launcher alone: its tasks are in other sessions.
+  launcher.wait(timeout=10)
+  assert_all_gone(pids)
+
+
+def test_a_closed_stdout_does_not_stop_the_launch_and_the_logs_are_plain_text(write_config,
+                                                                              tmp_path):
+  seen = []
+  launcher = launch_steps(write_config, tmp_path, steps=400)
+  pids = task_pids(launcher, seen)
+  launcher.stdout.close()  # As `tfdist launch ... | head -3` does once head has its lines.
+  assert launcher.wait(timeout=120) == 0
+  assert_all_gone(pids)
+  log = (tmp_path / "logs" / "worker-0.log").read_bytes()
+  assert b"STEP 400" in log  # Kept logging to files after stdout was gone.
+  assert f"PID {pids[0]}\n".encode() in log
+  assert not re.search(rb"[\x1b\x08\r]", log)
+
+
+def test_sighup_stops_the_cluster_like_sigterm(write_config, tmp_path):
+  seen = []
+  launcher = launch_steps(write_config, tmp_path)
+  pids = task_pids(launcher, seen)
+  os.kill(launcher.pid, signal.SIGHUP)  # A closed terminal or ssh session.
+  output = finish(launcher, 30, seen)
+  assert launcher.returncode == 128 + signal.SIGHUP
+  assert "SIGHUP received: stopping every task" in output
+  assert_all_gone(pids, within=2)
+
+
+def test_a_frozen_worker_is_named_as_the_root_cause(write_config, tmp_path):
+  seen = []
+  launcher = launch_steps(write_config, tmp_path)
+  pids = task_pids(launcher, seen)
+  os.kill(pids[1], signal.SIGSTOP)
+  try:
+    output = finish(launcher, 120, seen)
+  finally:
+    for p in pids:
+      if _alive(p):
+        os.kill(p, signal.SIGKILL)
+  assert launcher.returncode == 1, output[-3000:]
+  assert re.search(r"worker-1 stopped making progress first \(no heartbeat for \d+ s, pid "
+                   rf"{pids[1]}\): the root cause(; worker-0 failed \(exit code \d+\) after it)?",
+                   output), output[-3000:]
+
+
+def test_tensorflow_start_up_noise_is_turned_down(write_config, tmp_path):
+  seen = []
+  launcher = launch_steps(write_config, tmp_path, steps=50)
+  output = finish(launcher, 120, seen)
+  assert launcher.returncode == 0, output[-3000:]
+  assert "oneDNN custom operations" not in output
+  assert "All log messages before absl::InitializeLog()" not in output
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["launch", "--help"], ["launch", "-h"],
+                                  ["export", "--help"], ["check", "-h"], ["serve", "--help"]])
+def test_help_lists_every_flag_with_its_default(args):
+  result = subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  if args[0].startswith("-"):
+    assert "commands:" in result.stdout and "launch" in result.stdout
+    return
+  from tfdist.cli.flags import COMMAND_FLAGS
+  for name in COMMAND_FLAGS[args[0]]:
+    assert re.search(rf"--{name}\b.*\(default: [^)]+\)", result.stdout), name
+  if args[0] == "launch":
+    for flag in ("--startup-timeout", "--grace-period", "--logs", "--keep-alive", "--fresh"):
+      assert flag in result.stdout.split("flags:")[0]  # In the usage line too.
