@@ -38,11 +38,43 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   directives = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines()
                     if line.startswith("#SBATCH"))
   assert directives == {"job-name": "run", "ntasks": "4", "nodes": "2",
-                        "output": "run-%j.out", "gpus-per-task": "1"}
+                        "output": "run-%j.out", "gpus-per-task": "1", "cpus-per-task": "1"}
   (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
   assert shlex.split(srun) == [
-      "srun", "--kill-on-bad-exit=1", "python", "-m", "tfdist", "launch", str(path), "--slurm",
-      "--port", "3000", "--", "python", "train.py", "--lr", "0.1 0.2"]
+      "srun", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdist", "launch", str(path),
+      "--slurm", "--port", "3000", "--", "python", "train.py", "--lr", "0.1 0.2"]
+  assert script.endswith('[ -f "tfdist-${SLURM_JOB_ID:-0}.exit" ] && status=$(cat '
+                         '"tfdist-${SLURM_JOB_ID:-0}.exit") && rm -f "tfdist-${SLURM_JOB_ID:-0}'
+                         '.exit"\nexit $status\n')
+
+
+def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):
+  config = tfdist.load_config(write_config("cluster: {worker: 2}\n"), environ={})
+  script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run")
+  assert "--port" not in script
+  env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2"}
+  ports = {slurm.cluster_from_slurm(config, environ={**env, "SLURM_JOB_ID": job})
+           .cluster.addresses["worker"][0] for job in ("1041", "1042")}
+  assert ports == {f"n1:{slurm.job_port('1041')}", f"n1:{slurm.job_port('1042')}"}
+  assert slurm.job_port("1042") - slurm.job_port("1041") == 16  # Room for 16 tasks a node.
+
+
+@pytest.mark.parametrize("hostlist,hosts", [
+    ("node[9-10]", ["node9", "node10"]),
+    ("gpu[098-101]", ["gpu098", "gpu099", "gpu100", "gpu101"]),
+    ("a[1,3-4],login1,b[2-3]-ib", ["a1", "a3", "a4", "login1", "b2-ib", "b3-ib"]),
+    ("127.0.0.1", ["127.0.0.1"]),
+])
+def test_slurm_host_lists_expand_in_slurms_order(hostlist, hosts):
+  assert slurm.expand_hostlist(hostlist) == hosts
+
+
+def test_ranks_get_the_address_of_their_own_node_when_names_do_not_sort_as_text():
+  env = {"SLURM_STEP_NODELIST": "node[9-10]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+  for rank, (task, own) in enumerate([("worker:0", "node9:3000"), ("worker:1", "node9:3001"),
+                                      ("worker:2", "node10:3000"), ("worker:3", "node10:3001")]):
+    addresses, got = slurm.slurm_cluster({"worker": 4}, {**env, "SLURM_PROCID": str(rank)}, 3000)
+    assert str(got) == task and addresses["worker"][rank] == own
 
 
 def slurm_env(monkeypatch, rank, tasks=4, nodes="node[1-2]", per_node="2(x2)"):
@@ -74,6 +106,8 @@ def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeyp
          r"found in environment.*Received: 'no SLURM_PROCID'"),
     ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1",
       "SLURM_STEP_TASKS_PER_NODE": "3"}, r"Requested 4 tasks but only 3 were assigned"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "4"},
+     r"2 node\(s\) but tasks per node for 1"),
 ])
 def test_slurm_environment_errors(write_config, monkeypatch, env, message):
   for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
@@ -151,9 +185,7 @@ def test_tfjob_gives_each_replica_type_its_command_and_the_operator_its_port(wri
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
 
 
-@pytest.mark.parametrize("operator_lists_evaluator", [True, False])
-def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(
-    write_config, tmp_path, operator_lists_evaluator):
+def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(write_config, tmp_path):
   config = tfdist.load_config(write_config(
       "cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"),
       environ={})
@@ -163,8 +195,6 @@ def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(
   # The TF_CONFIG the Kubeflow training operator sets: <job>-<type>-<i>.<ns>.svc:<port>.
   cluster = {job: [f"job-{job}-{i}.ml.svc:2000" for i in range(n)]
              for job, n in {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}.items()}
-  if not operator_lists_evaluator:
-    del cluster["evaluator"]
   for job, n in {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}.items():
     for index in range(n):
       tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
@@ -220,7 +250,14 @@ def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
      "--image: must name the container image holding tfdist and the training script. "
      "Received: None"),
     (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--name", "Bad_Name",
-      "--", "python"], "--name: must be a DNS label"),
+      "--", "python"], "--name: must be a DNS-1035 label"),
+    (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--name", "2w",
+      "--volume-claim", "c", "--", "python"], "--name: must be a DNS-1035 label"),
+    (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--namespace", "My_NS",
+      "--volume-claim", "c", "--", "python"], "--namespace: must be a DNS label"),
+    (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--", "python"],
+     "checkpoint.dir: would be written into each pod's own filesystem, lost when a container "
+     "restarts and unseen by other pods: pass --volume-claim NAME"),
     (["kubernetes", "configs/default.yaml", "--image", "i", "--", "python"],
      "cluster: must name the replicas"),
     (["nomad", "configs/default.yaml"], "engine: must be one of slurm, kubernetes. "

@@ -10,9 +10,10 @@ from absl import flags
 from tfdist.config import load_config
 from tfdist.errors import ConfigError
 
-USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] -- COMMAND | "
+USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] "
+         "[--cpus-per-task C] -- COMMAND | "
          "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|statefulset] [--name N] "
-         "[--namespace NS] [--port P] -- COMMAND")
+         "[--namespace NS] [--port P] [--volume-claim PVC] -- COMMAND")
 ENGINES = ("slurm", "kubernetes")
 FLAGS = flags.FLAGS
 
@@ -28,13 +29,14 @@ def run(args: list[str], task: str | None) -> int:
     raise ConfigError(f"must be one of {', '.join(ENGINES)}", key="engine", received=engine)
   config = load_config(config_path, environ={})
   name = FLAGS.name or kubernetes.job_name(pathlib.Path(config_path).stem)
-  port = FLAGS.port
   if engine == "slurm":
     print(slurm.sbatch_script(config, config_path, command, job_name=name,
-                              nodes=FLAGS.nodes, port=port,
-                              gpus_per_task=FLAGS["gpus-per-task"].value), end="")
+                              nodes=FLAGS.nodes, port=FLAGS.port,
+                              gpus_per_task=FLAGS["gpus-per-task"].value,
+                              cpus_per_task=FLAGS["cpus-per-task"].value), end="")
   else:
     print(kubernetes.dump(kubernetes.manifests(
-        config, command, name=name, image=FLAGS.image, namespace=FLAGS.namespace, port=port,
-        kind=FLAGS.kind)), end="")
+        config, command, name=name, image=FLAGS.image, namespace=FLAGS.namespace,
+        port=FLAGS.port or kubernetes.DEFAULT_PORT, kind=FLAGS.kind,
+        volume_claim=FLAGS["volume-claim"].value)), end="")
   return 0

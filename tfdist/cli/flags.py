@@ -10,7 +10,8 @@ COMMAND_FLAGS = {
                "heartbeat-timeout", "grace-period", "logs", "keep-alive", "port"),
     "check": ("task",),
     "serve": ("task",),
-    "export": ("nodes", "port", "gpus-per-task", "image", "kind", "name", "namespace"),
+    "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
+               "namespace", "volume-claim"),
 }
 """The flags each command reads, in the order its help lists them."""
 
@@ -53,9 +54,13 @@ def define_flags() -> None:
                     "Slurm's environment (one srun task per task; see `tfdist export slurm`).")
   flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "
                     "stopped (for engines that restart exited containers, like StatefulSets).")
-  flags.DEFINE_integer("port", 2222, "export, launch --slurm: every task's server port (on "
-                       "Slurm the first; tasks sharing a node count up from it).",
-                       lower_bound=1, upper_bound=65535)
+  flags.DEFINE_integer("port", None, "export, launch --slurm: every task's server port "
+                       "(Kubernetes: default 2222); on Slurm the first, tasks sharing a node "
+                       "counting up from it (default: one of the job's own, from its job id, so "
+                       "jobs sharing a node do not collide).", lower_bound=1, upper_bound=65535)
+  flags.DEFINE_integer("cpus-per-task", 1, "export slurm: CPUs Slurm gives each task (sites "
+                       "binding tasks to CPUs otherwise give each TensorFlow process one).",
+                       lower_bound=1)
   flags.DEFINE_integer("nodes", None, "export slurm: nodes to spread the tasks over; default "
                        "one per task.", lower_bound=1)
   flags.DEFINE_integer("gpus-per-task", 0, "export slurm: GPUs Slurm binds to each task.",
@@ -67,3 +72,6 @@ def define_flags() -> None:
                     "headless Services.")
   flags.DEFINE_string("name", None, "export: the job's name; default the config file's name.")
   flags.DEFINE_string("namespace", "default", "export kubernetes: the namespace.")
+  flags.DEFINE_string("volume-claim", None, "export kubernetes: a ReadWriteMany "
+                      "PersistentVolumeClaim mounted where the config's checkpoint and "
+                      "TensorBoard directories are (required when it has either).")

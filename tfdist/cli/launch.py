@@ -64,6 +64,9 @@ def run(args: list[str], task: str | None) -> int:
   finally:
     while held:
       held.pop().close()
+  if FLAGS.slurm and outcome.code == supervisor.TASK_FAILED:
+    from tfdist.export.slurm import record_exit
+    record_exit(outcome.root_cause_code or outcome.code)
   with contextlib.suppress(BrokenPipeError, OSError):  # A reader that went away (`| head`).
     print(f"tfdist launch: {outcome.message} (exit code {outcome.code}); logs in {log_dir}",
           file=sys.stderr, flush=True)
@@ -73,7 +76,8 @@ def run(args: list[str], task: str | None) -> int:
 
 
 def _wait_until_stopped() -> None:
-  print("tfdist launch: --keep-alive: staying up until stopped", file=sys.stderr, flush=True)
-  stop = {signal.SIGINT, signal.SIGTERM}
-  signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+  stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+  signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # Before saying so: a stop may come at once.
+  with contextlib.suppress(BrokenPipeError, OSError):
+    print("tfdist launch: --keep-alive: staying up until stopped", file=sys.stderr, flush=True)
   signal.sigwait(stop)

@@ -338,10 +338,6 @@ def _merge_tf_config(config: Config, document: Mapping) -> Config:
       raise ConfigError('must list "host:port" addresses, not counts', key="cluster",
                         received=dict(document["cluster"]))
     expected = config.cluster.counts()
-    if "evaluator" not in env_cluster.counts() and "evaluator" in expected:
-      # TF_CONFIG may leave the evaluator out of the cluster (Kubeflow's TFJob does): it serves
-      # nothing, so its address is not needed. Keep its count from the file.
-      env_cluster = dataclasses.replace(env_cluster, evaluator=config.cluster.evaluator)
     if not config.cluster.is_empty and expected != env_cluster.counts():
       raise ConfigError(f"must have the job sizes of {config.source or 'the config'} "
                         f"({expected})", key="cluster", received=env_cluster.counts())

@@ -12,6 +12,7 @@ Both mount the config from a ConfigMap at `CONFIG_PATH` and give each replica it
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from typing import Sequence
 
@@ -26,17 +27,25 @@ KINDS = ("tfjob", "statefulset")
 CONFIG_DIR = "/etc/tfdist"
 CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
 INDEX_ENV = "TFDIST_TASK_INDEX"
+DEFAULT_PORT = 2222
 _TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# TFJob and Service names are DNS-1035 labels (a letter first); namespaces DNS-1123 labels.
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+VOLUME_NAME = "tfdist-storage"
 
 
 def job_name(text: str) -> str:
-  """`text` (a config file's stem) as a DNS label: lower case, other characters as `-`."""
-  return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "tfdist"
+  """`text` (a config file's stem) as a DNS-1035 label of at most 40 characters: lower case,
+  other characters as `-`, a letter first (`8gpu_run` -> `job-8gpu-run`)."""
+  name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+  name = name if name[:1].isalpha() else f"job-{name}".rstrip("-")
+  return name[:40].rstrip("-")
 
 
 def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
-              namespace: str = "default", port: int = 2222, kind: str = "tfjob") -> list[dict]:
+              namespace: str = "default", port: int = DEFAULT_PORT, kind: str = "tfjob",
+              volume_claim: str | None = None) -> list[dict]:
   """The documents to `kubectl apply` for `config`'s cluster.
 
   Args:
@@ -49,16 +58,22 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
     namespace: the namespace the documents go to (it is part of every address).
     port: every task's server port.
     kind: `tfjob` or `statefulset`.
+    volume_claim: a ReadWriteMany PersistentVolumeClaim mounted where the config's checkpoint
+      and TensorBoard directories are; required when the config has either.
 
   Raises:
-    ConfigError: an empty cluster, no command, no image, a bad name or kind.
+    ConfigError: an empty cluster, no command, no image, a bad name, namespace or kind, a
+      one-replica TFJob, or files to write with no volume to keep them.
   """
   if kind not in KINDS:
     raise ConfigError(f"must be one of {', '.join(KINDS)}", key="--kind", received=kind)
   # Job, StatefulSet and pod names must stay DNS labels (63 characters) with their suffixes.
-  if not _DNS_LABEL.match(name) or len(name) > 40:
-    raise ConfigError("must be a DNS label of at most 40 characters: lower-case letters, "
-                      "digits and '-'", key="--name", received=name)
+  if not _DNS_1035.match(name) or len(name) > 40:
+    raise ConfigError("must be a DNS-1035 label of at most 40 characters: lower-case letters, "
+                      "digits and '-', starting with a letter", key="--name", received=name)
+  if not _DNS_1123.match(namespace) or len(namespace) > 63:
+    raise ConfigError("must be a DNS label of at most 63 characters: lower-case letters, "
+                      "digits and '-'", key="--namespace", received=namespace)
   if not image:
     raise ConfigError("must name the container image holding tfdist and the training script",
                       key="--image", received=image)
@@ -66,12 +81,47 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
     raise ConfigError("must name the replicas (e.g. cluster: {worker: 2})", key="cluster",
                       received={}, source=config.source)
   require_command(command, "tfdist export kubernetes")
+  if kind == "tfjob" and len(config.cluster.tasks()) == 1:
+    raise ConfigError("has one replica, and the training operator gives a one-replica TFJob no "
+                      "TF_CONFIG: use --kind statefulset, or more tasks", key="cluster",
+                      received=config.cluster.counts(), source=config.source)
+  storage = storage_mount(config, volume_claim)
   build = _tfjob if kind == "tfjob" else _statefulsets
-  return build(config, list(command), name=name, image=image, namespace=namespace, port=port)
+  return build(config, list(command), name=name, image=image, namespace=namespace, port=port,
+               storage=storage)
+
+
+def storage_mount(config: Config, volume_claim: str | None) -> dict | None:
+  """Where the shared volume goes: the deepest directory holding the config's checkpoint and
+  TensorBoard directories, which every pod must see (a restarted pod resumes from the backup,
+  the evaluator reads the chief's checkpoints, the final model outlives the pod).
+
+  Raises:
+    ConfigError: the config writes such files and no claim is given, or they have no common
+      directory but `/`.
+  """
+  directories = [d for d in (config.checkpoint.dir, config.tensorboard.log_dir) if d]
+  if not directories:
+    return None
+  key = "checkpoint.dir" if config.checkpoint.dir else "tensorboard.log_dir"
+  if not volume_claim:
+    raise ConfigError("would be written into each pod's own filesystem, lost when a container "
+                      "restarts and unseen by other pods: pass --volume-claim NAME (a "
+                      "ReadWriteMany PersistentVolumeClaim, mounted there)", key=key,
+                      received=directories[0], source=config.source)
+  mount = posixpath.commonpath([posixpath.abspath(d) for d in directories])
+  if mount == "/":
+    raise ConfigError("and tensorboard.log_dir must share a directory to mount the volume at",
+                      key="checkpoint.dir", received=directories, source=config.source)
+  return {"claim": volume_claim, "mountPath": mount}
 
 
 class _Dumper(yaml.SafeDumper):
-  """Writes multi-line strings (the ConfigMap's config) as readable `|` blocks."""
+  """Writes multi-line strings (the ConfigMap's config) as readable `|` blocks, and repeated
+  values in full (no `&id001` anchors)."""
+
+  def ignore_aliases(self, data):
+    return True
 
 
 _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
@@ -95,13 +145,17 @@ def _config_map(config: Config, name: str, namespace: str) -> dict:
           "data": {"config.yaml": yaml.safe_dump(document, sort_keys=False)}}
 
 
-def _pod_spec(container: dict, name: str) -> dict:
-  container = {**container, "volumeMounts": [{"name": "tfdist-config", "mountPath": CONFIG_DIR}]}
-  return {"containers": [container],
-          "volumes": [{"name": "tfdist-config", "configMap": {"name": f"{name}-config"}}]}
+def _pod_spec(container: dict, name: str, storage: dict | None) -> dict:
+  mounts = [{"name": "tfdist-config", "mountPath": CONFIG_DIR}]
+  volumes = [{"name": "tfdist-config", "configMap": {"name": f"{name}-config"}}]
+  if storage:
+    mounts.append({"name": VOLUME_NAME, "mountPath": storage["mountPath"]})
+    volumes.append({"name": VOLUME_NAME,
+                    "persistentVolumeClaim": {"claimName": storage["claim"]}})
+  return {"containers": [{**container, "volumeMounts": mounts}], "volumes": volumes}
 
 
-def _tfjob(config, command, *, name, image, namespace, port) -> list[dict]:
+def _tfjob(config, command, *, name, image, namespace, port, storage) -> list[dict]:
   counts_only = dataclasses.replace(config.cluster, addresses=None)
   replicas = {}
   for job in config.cluster.jobs:
@@ -114,10 +168,12 @@ def _tfjob(config, command, *, name, image, namespace, port) -> list[dict]:
     replicas[_TFJOB_TYPES[job]] = {
         "replicas": config.cluster.count(job), "restartPolicy": "OnFailure",
         "template": {"metadata": {"labels": _labels(name, job)},
-                     "spec": _pod_spec(container, name)}}
+                     "spec": _pod_spec(container, name, storage)}}
   job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
          "metadata": {"name": name, "namespace": namespace, "labels": _labels(name)},
-         "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas}}
+         # None: no pod is deleted when the chief succeeds; the evaluator finishes its last
+         # evaluation and the servers end by themselves.
+         "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "tfReplicaSpecs": replicas}}
   return [_config_map(dataclasses.replace(config, cluster=counts_only), name, namespace), job]
 
 
@@ -126,7 +182,7 @@ def pod_address(name: str, job: str, index: int, namespace: str, port: int) -> s
   return f"{name}-{job}-{index}.{name}-{job}.{namespace}.svc:{port}"
 
 
-def _statefulsets(config, command, *, name, image, namespace, port) -> list[dict]:
+def _statefulsets(config, command, *, name, image, namespace, port, storage) -> list[dict]:
   cluster = config.cluster
   addresses = {job: tuple(pod_address(name, job, i, namespace, port)
                           for i in range(cluster.count(job))) for job in cluster.jobs}
@@ -144,12 +200,13 @@ def _statefulsets(config, command, *, name, image, namespace, port) -> list[dict
             "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}],
         "ports": [{"name": "grpc", "containerPort": port}]}
     service = f"{name}-{job}"
-    documents.append({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": service, "namespace": namespace, "labels": _labels(name, job)},
-        # Headless, and published before pods are ready: peers dial each other at start-up.
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": _labels(name, job), "ports": [{"name": "grpc", "port": port}]}})
+    if job != "evaluator":  # It serves nothing.
+      documents.append({
+          "apiVersion": "v1", "kind": "Service",
+          "metadata": {"name": service, "namespace": namespace, "labels": _labels(name, job)},
+          # Headless, and published before pods are ready: peers dial each other at start-up.
+          "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                   "selector": _labels(name, job), "ports": [{"name": "grpc", "port": port}]}})
     documents.append({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": service, "namespace": namespace, "labels": _labels(name, job)},
@@ -158,5 +215,5 @@ def _statefulsets(config, command, *, name, image, namespace, port) -> list[dict
                  "podManagementPolicy": "Parallel",
                  "selector": {"matchLabels": _labels(name, job)},
                  "template": {"metadata": {"labels": _labels(name, job)},
-                              "spec": _pod_spec(container, name)}}})
+                              "spec": _pod_spec(container, name, storage)}}})
   return documents

@@ -50,9 +50,11 @@ class Running:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-  """How a launch ended: the exit code and the one-line reason."""
+  """How a launch ended: the exit code, the one-line reason and, after a failure, the root
+  cause's own exit code (None when it froze or did not fail)."""
   code: int
   message: str
+  root_cause_code: int | None = None
 
 
 class Supervisor:
@@ -201,7 +203,8 @@ class Supervisor:
         self._report_root_cause(cause, consequence=failed if failed is not cause else None)
         if self.restarts_left <= 0:
           self.say("no restarts left (--max-restarts): stopping every task")
-          return Outcome(TASK_FAILED, f"{cause.plan.name} {' '.join(_how_it_ended(cause))}")
+          return Outcome(TASK_FAILED, f"{cause.plan.name} {' '.join(_how_it_ended(cause))}",
+                         cause.process.poll())
         self.restarts_left -= 1
         if plan.restart_scope == "cluster" or cause.plan.task.type != "worker":
           self.say(f"restarting the whole cluster ({self.restarts_left} restart(s) left after "

@@ -1,0 +1,109 @@
+"""Every manifest `tfdist export kubernetes` makes, validated against Kubernetes' own strict JSON
+schemas (the kubernetes-validate package: 1.28 and the newest it ships), and the semantic rules
+the schemas cannot see: names the API server accepts, shared storage where the config writes,
+no pod deleted before the evaluator is done, no YAML anchors, no Service for the evaluator.
+
+The TFJob itself is a custom resource: its pod templates are validated as core PodTemplates
+(the TFJob CRD embeds `PodTemplateSpec`); the TFJob envelope is checked field by field against
+kubeflow/training-operator v1.9.0's `TFJobSpec` (runPolicy, tfReplicaSpecs with replicas,
+restartPolicy and template).
+"""
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import tfdist
+from tfdist.errors import ConfigError
+from tfdist.export import kubernetes
+
+VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+CONFIGS = {
+    "mwms": "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+            "checkpoint: {dir: /data/run/checkpoints}\ntensorboard: {log_dir: /data/run/logs}\n",
+    "ps": "cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"
+          "training: {steps_per_epoch: 10}\ncheckpoint: {dir: /data/ps/checkpoints}\n",
+}
+_TFJOB_REPLICA_FIELDS = {"replicas", "restartPolicy", "template"}
+
+
+def export(write_config, name, kind):
+  config = tfdist.load_config(write_config(CONFIGS[name]), environ={})
+  return kubernetes.manifests(config, ["python", "train.py"], name="run", image="img:1",
+                              namespace="ml", kind=kind, volume_claim="shared")
+
+
+def core_documents(documents):
+  """The documents a plain API server validates; a TFJob's pod templates as PodTemplates."""
+  for document in documents:
+    if document["kind"] != "TFJob":
+      yield document
+      continue
+    for role, replica in document["spec"]["tfReplicaSpecs"].items():
+      yield {"apiVersion": "v1", "kind": "PodTemplate",
+             "metadata": {"name": f"run-{role.lower()}", "namespace": "ml"},
+             "template": replica["template"]}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_manifest_passes_the_strict_kubernetes_schemas(write_config, name, kind, version):
+  documents = export(write_config, name, kind)
+  for document in core_documents(documents):
+    kubernetes_validate.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_tfjob_has_the_fields_of_training_operator_v1_9(write_config, name):
+  (job,) = [d for d in export(write_config, name, "tfjob") if d["kind"] == "TFJob"]
+  assert job["apiVersion"] == "kubeflow.org/v1" and set(job["spec"]) == {"runPolicy",
+                                                                         "tfReplicaSpecs"}
+  assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None"}  # The evaluator finishes.
+  for role, replica in job["spec"]["tfReplicaSpecs"].items():
+    assert role in {"Chief", "Worker", "PS", "Evaluator"}
+    assert set(replica) == _TFJOB_REPLICA_FIELDS and replica["restartPolicy"] == "OnFailure"
+    assert replica["template"]["spec"]["containers"][0]["name"] == "tensorflow"
+
+
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_every_pod_mounts_the_shared_volume_where_the_config_writes(write_config, kind):
+  for document in export(write_config, "mwms", kind):
+    templates = ([r["template"] for r in document["spec"]["tfReplicaSpecs"].values()]
+                 if document["kind"] == "TFJob" else
+                 [document["spec"]["template"]] if document["kind"] == "StatefulSet" else [])
+    for template in templates:
+      spec = template["spec"]
+      assert {"name": "tfdist-storage", "persistentVolumeClaim": {"claimName": "shared"}} \
+          in spec["volumes"]
+      assert {"name": "tfdist-storage", "mountPath": "/data/run"} \
+          in spec["containers"][0]["volumeMounts"]
+
+
+def test_a_config_writing_files_needs_a_volume_claim(write_config):
+  config = tfdist.load_config(write_config(CONFIGS["ps"]), environ={})
+  with pytest.raises(ConfigError, match=r"checkpoint.dir: would be written into each pod's own "
+                     r"filesystem.*--volume-claim NAME.*Received: '/data/ps/checkpoints'$"):
+    kubernetes.manifests(config, ["python", "t.py"], name="run", image="i")
+
+
+def test_a_one_replica_tfjob_is_refused(write_config):
+  config = tfdist.load_config(write_config("cluster: {worker: 1}\n"), environ={})
+  with pytest.raises(ConfigError, match="the training operator gives a one-replica TFJob no "
+                     "TF_CONFIG: use --kind statefulset"):
+    kubernetes.manifests(config, ["python", "t.py"], name="run", image="i")
+  kubernetes.manifests(config, ["python", "t.py"], name="run", image="i", kind="statefulset")
+
+
+@pytest.mark.parametrize("stem,name", [("8gpu_run", "job-8gpu-run"), ("My Run", "my-run"),
+                                       ("a" * 39 + "_b", "a" * 39), ("___", "job")])
+def test_job_names_from_file_names_are_dns_1035_labels(stem, name):
+  assert kubernetes.job_name(stem) == name
+
+
+def test_output_has_no_yaml_anchors_and_the_evaluator_no_service(write_config):
+  documents = export(write_config, "ps", "statefulset")
+  assert "&id" not in kubernetes.dump(documents) and "*id" not in kubernetes.dump(documents)
+  assert [d["metadata"]["name"] for d in documents if d["kind"] == "Service"] == [
+      "run-chief", "run-worker", "run-ps"]
+  assert list(yaml.safe_load_all(kubernetes.dump(documents))) == documents
