@@ -59,7 +59,7 @@ def test_a_config_without_a_cluster_is_one_process(write_config, tmp_path):
   assert (only.name, only.address, only.argv, only.serves) == ("local", None, ("python", "t.py"),
                                                                False)
   assert dict(only.env) == {"TFDIST_CONFIG": str(path), "TFDIST_PREPARE": "1",
-                            "TFDIST_FRESH": "1",
+                            "TFDIST_FRESH": "1", "TFDIST_RUN": tmp_path.name,
                             "TFDIST_HEARTBEAT": str(tmp_path / ".local.heartbeat")}
 
 

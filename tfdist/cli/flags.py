@@ -7,8 +7,9 @@ from absl import flags
 
 COMMAND_FLAGS = {
     "launch": ("task", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
-               "heartbeat-timeout", "grace-period", "logs", "keep-alive", "port"),
+               "heartbeat-timeout", "grace-period", "logs", "keep-alive", "port", "tensorboard"),
     "check": ("task",),
+    "tensorboard": ("port", "bind-all"),
     "serve": ("task",),
     "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
                "namespace", "volume-claim"),
@@ -50,11 +51,16 @@ def define_flags() -> None:
                       "tfdist-logs/<date-time>.")
   flags.DEFINE_bool("fresh", False, "launch: start training over, ignoring the backup of an "
                     "earlier run (restarts within this launch still resume).")
+  flags.DEFINE_bool("tensorboard", False, "launch: start TensorBoard on the config's "
+                    "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL.")
+  flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "
+                    "127.0.0.1.")
   flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "
                     "Slurm's environment (one srun task per task; see `tfdist export slurm`).")
   flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "
                     "stopped (for engines that restart exited containers, like StatefulSets).")
-  flags.DEFINE_integer("port", None, "export, launch --slurm: every task's server port "
+  flags.DEFINE_integer("port", None, "tensorboard: its port (default: a free one); export, "
+                       "launch --slurm: every task's server port "
                        "(Kubernetes: default 2222); on Slurm the first, tasks sharing a node "
                        "counting up from it (default: one of the job's own, from its job id, so "
                        "jobs sharing a node do not collide).", lower_bound=1, upper_bound=65535)

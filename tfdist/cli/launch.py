@@ -18,7 +18,7 @@ from tfdist.config.loader import parse_task_flag
 
 USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--fresh] "
          "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--grace-period S] "
-         "[--logs DIR] [--keep-alive] [--port P] -- COMMAND")
+         "[--logs DIR] [--keep-alive] [--tensorboard] [--port P] -- COMMAND")
 FLAGS = flags.FLAGS
 
 
@@ -45,6 +45,7 @@ def run(args: list[str], task: str | None) -> int:
     return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=only,
                             ports=held[0].ports if held else (), fresh=fresh)
 
+  stack = contextlib.ExitStack()
   try:
     # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
     # resumes from the backup this run wrote.
@@ -56,12 +57,15 @@ def run(args: list[str], task: str | None) -> int:
     if FLAGS["dry-run"].value:
       print(first.describe())
       return 0
+    if FLAGS.tensorboard:
+      stack.callback(_start_tensorboard(config))  # Stopped with the launch.
     plans = iter([first])
     outcome = supervisor.Supervisor(
         lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
         max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value,
         heartbeat_timeout=FLAGS["heartbeat-timeout"].value).run()
   finally:
+    stack.close()
     while held:
       held.pop().close()
   if FLAGS.slurm and outcome.code == supervisor.TASK_FAILED:
@@ -73,6 +77,20 @@ def run(args: list[str], task: str | None) -> int:
   if outcome.code == supervisor.OK and FLAGS["keep-alive"].value:
     _wait_until_stopped()
   return outcome.code
+
+
+def _start_tensorboard(config):
+  """Starts TensorBoard on the config's log directory; returns its stop function."""
+  from tfdist.errors import ConfigError
+  from tfdist.monitoring.server import start_tensorboard
+
+  if not config.tensorboard.log_dir:
+    raise ConfigError("must be set for --tensorboard", key="tensorboard.log_dir", received=None,
+                      source=config.source)
+  url, stop = start_tensorboard(config.tensorboard.log_dir)
+  print(f"tfdist launch: TensorBoard on {config.tensorboard.log_dir} at {url}", file=sys.stderr,
+        flush=True)
+  return stop
 
 
 def _wait_until_stopped() -> None:

@@ -10,12 +10,13 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, export, launch, serve
+from tfdist.cli import check, export, launch, serve, tensorboard
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
-COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export}
+COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
+            "tensorboard": tensorboard}
 
 
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
@@ -23,7 +24,8 @@ HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML
         "  launch   start every task of the config's cluster (or this host's task), supervised\n"
         "  check    validate a config and show what it will do\n"
         "  serve    run a worker or ps server of a parameter-server cluster\n"
-        "  export   print an sbatch script or Kubernetes manifests for the cluster\n\n"
+        "  export   print an sbatch script or Kubernetes manifests for the cluster\n"
+        "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n\n"
         "`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 

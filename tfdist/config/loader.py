@@ -33,6 +33,8 @@ CONFIG_ENV = "TFDIST_CONFIG"
 FRESH_ENV = "TFDIST_FRESH"
 """Set to 1 (by `tfdist launch --fresh` for its first start): training starts over instead of
 resuming from its backup."""
+RUN_ENV = "TFDIST_RUN"
+"""Names the run (`tensorboard.log_dir/<run>`); the launcher gives its log directory's name."""
 PREPARE_ENV = "TFDIST_PREPARE"
 """Set to 1 by the launcher in the processes that run the user's command: importing tfdist there
 makes the strategy at once (`tfdist.strategy.startup`)."""

@@ -262,18 +262,21 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TensorBoardConfig:
-  """TensorBoard logging.
+  """TensorBoard logging (`tfdist.monitoring.tensorboard`).
 
   Attributes:
-    log_dir: where event files go; None writes none.
+    log_dir: where event files go, one directory per run; None writes none.
     update_freq: write scalars every `epoch` or every `batch`.
     profile_batches: profile this range of batches, as `[first, last]`; empty profiles nothing.
+    profile_every_task: profile on every task, each into its own directory; false profiles the
+      chief alone.
   """
   log_dir: str | None = None
   update_freq: Literal["epoch", "batch"] = "epoch"
   profile_batches: tuple[int, ...] = _field(
       (), rule(lambda v: len(v) in (0, 2) and all(b > 0 for b in v) and list(v) == sorted(v),
                "must be empty or two batch numbers [first, last], 1 <= first <= last"))
+  profile_every_task: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

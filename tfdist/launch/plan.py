@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV
+from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV, RUN_ENV
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
@@ -96,7 +96,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
   if cluster.is_empty:  # One process on this machine: the same command for every config.
     env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
-        _user_command_env(fresh)
+        _user_command_env(fresh, log_dir)
     return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
                                    False, None),), "cluster")
   if not cluster.has_addresses:
@@ -115,7 +115,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
            (HEARTBEAT_ENV, heartbeat_path(log_dir, f"{t.type}-{t.index}")))
     if not serves:
-      env += _user_command_env(fresh)
+      env += _user_command_env(fresh, log_dir)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
     processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
                                  serves, address))
@@ -131,10 +131,12 @@ def heartbeat_path(log_dir: str, name: str) -> str:
   return os.path.join(log_dir, f".{name}.heartbeat")
 
 
-def _user_command_env(fresh: bool) -> tuple[tuple[str, str], ...]:
+def _user_command_env(fresh: bool, log_dir: str) -> tuple[tuple[str, str], ...]:
   """What the processes running the user's command get besides TF_CONFIG and the config:
-  `import tfdist` there makes the strategy before the script runs, and `fresh` starts over."""
-  return ((PREPARE_ENV, "1"),) + (((FRESH_ENV, "1"),) if fresh else ())
+  `import tfdist` there makes the strategy before the script runs, TensorBoard's run is named
+  after the launch's log directory, and `fresh` starts over."""
+  return ((PREPARE_ENV, "1"), (RUN_ENV, os.path.basename(log_dir.rstrip(os.sep)))) + \
+      (((FRESH_ENV, "1"),) if fresh else ())
 
 
 def require_command(command: Sequence[str], cli: str) -> None:

@@ -111,7 +111,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
                                          updates=epoch_steps * epochs,
                                          updates_per_epoch=epoch_steps))
-  with user_files.chief_only(callbacks or [], config) as callbacks:
+  from tfdist.monitoring import tensorboard
+  callbacks = list(callbacks or []) + tensorboard.callbacks(
+      config, first_epoch=first_epoch, epoch_steps=epoch_steps, global_batch=global_batch)
+  with user_files.chief_only(callbacks, config) as callbacks:
     if asynchronous:
       from tfdist.training import parameter_server
       history = parameter_server.fit(

@@ -30,11 +30,15 @@ from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
 
 
+_WRITERS = (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint,
+            keras.callbacks.CSVLogger, keras.callbacks.TensorBoard)
+
+
 @contextlib.contextmanager
 def chief_only(callbacks: Sequence, config: Config) -> Iterator[list]:
   """Yields the callbacks to train with: on the chief `callbacks` as given; on other tasks the
   same callbacks writing to a temporary directory, removed on exit."""
-  if is_chief(config):
+  if is_chief(config) or not any(isinstance(c, _WRITERS) for c in callbacks):
     yield list(callbacks)
     return
   scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name(config)}-")

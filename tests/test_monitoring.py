@@ -1,0 +1,151 @@
+"""TensorBoard for the whole cluster: the config's `tensorboard:` section under a real 2-worker
+MultiWorkerMirrored launch and a parameter-server launch, the event files read back with
+TensorBoard's own EventAccumulator; `tfdist tensorboard` answering over HTTP on 127.0.0.1."""
+
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import tfdist
+from tests.conftest import PROGRAMS, REPO
+from tests.launching import ENV, finish, start_launch
+
+TRAINING = ("training: {global_batch_size: 64, epochs: 3, mixed_precision: off, "
+            "steps_per_execution: 4%s}\n")
+CONFIGS = {
+    "mwms": "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n" + TRAINING % "",
+    "ps": "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
+          + TRAINING % ", steps_per_epoch: 16",
+}
+
+
+def scalars(directory):
+  """{tag: [(step, value), ...]} of every event file in `directory`, and the files per tag."""
+  values, files = {}, {}
+  for path in sorted(pathlib.Path(directory).glob("events.out.tfevents.*")):
+    events = EventAccumulator(str(path), size_guidance={"tensors": 0})
+    events.Reload()
+    for tag in events.Tags()["tensors"]:
+      points = [(e.step, float(tf_value(e))) for e in events.Tensors(tag)]
+      values.setdefault(tag, []).extend(points)
+      files.setdefault(tag, []).append(path.name)
+  return values, files
+
+
+def tf_value(event):
+  from tensorboard.util import tensor_util
+  return tensor_util.make_ndarray(event.tensor_proto)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  base, cache = tmp_path_factory.mktemp("monitoring"), {}
+
+  def run(name):
+    if name not in cache:
+      out = base / name
+      out.mkdir()
+      config = out / "config.yaml"
+      config.write_text(CONFIGS[name] + f"tensorboard: {{log_dir: {out / 'tb'}, update_freq: "
+                        "batch, profile_batches: [2, 3]}\n")
+      launcher = start_launch(str(config), "--logs", str(out / "launch"), "--", sys.executable,
+                              str(PROGRAMS / "user_script.py"), str(out / "files"), "dataset")
+      output = finish(launcher, 240, [])
+      assert launcher.returncode == 0, output[-3000:]
+      cache[name] = out / "tb" / "launch"  # The run is named after the launch's log directory.
+    return cache[name]
+  return run
+
+
+def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs):
+  run = runs("mwms")
+  assert sorted(p.name for p in run.iterdir()) == ["plugins", "train", "validation", "worker-1"]
+  train, files = scalars(run / "train")
+  assert len(files["epoch_loss"]) == 1
+  assert [step for step, _ in train["epoch_loss"]] == [0, 1, 2]
+  # Batch steps are optimizer steps (4 per call), not calls, over the 3 epochs of 16 steps.
+  assert [step for step, _ in train["batch_loss"]] == list(range(4, 49, 4))
+  assert {"epoch_steps_per_second", "epoch_examples_per_second"} <= set(train)
+  validation, _ = scalars(run / "validation")
+  assert [step for step, _ in validation["epoch_loss"]] == [0, 1, 2]
+  worker, _ = scalars(run / "worker-1")
+  assert set(worker) == {"epoch_steps_per_second", "epoch_examples_per_second"}
+  assert all(value > 0 for _, value in worker["epoch_examples_per_second"])
+
+
+def test_a_profile_is_written_for_the_configured_batches_on_the_chief(runs):
+  traces = list((runs("mwms") / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_parameter_server_runs_log_the_chiefs_curves(runs):
+  run = runs("ps")
+  assert sorted(p.name for p in run.iterdir()) == ["plugins", "train", "validation"]
+  train, files = scalars(run / "train")
+  assert len(files["epoch_loss"]) == 1 and [s for s, _ in train["epoch_loss"]] == [0, 1, 2]
+
+
+class StopAfter(keras.callbacks.Callback):
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch == 2:  # A crash once epochs 0 and 1 are logged and backed up.
+      raise KeyboardInterrupt
+
+
+@pytest.mark.usefixtures("two_cpus")  # In this process: devices split before TensorFlow starts.
+def test_a_resumed_run_continues_its_curves(tmp_path, monkeypatch):
+  monkeypatch.setenv("TFDIST_RUN", "resumed")
+  config = {"training": {"global_batch_size": 16, "epochs": 4, "steps_per_execution": 2,
+                         "mixed_precision": "off"},
+            "checkpoint": {"dir": str(tmp_path / "ckpt")},
+            "tensorboard": {"log_dir": str(tmp_path / "tb"), "update_freq": "batch"}}
+  x, y = np.random.default_rng(0).random((64, 4), dtype=np.float32), np.arange(64) % 3
+  args = dict(config=config, compile=dict(optimizer="sgd", loss=keras.losses.
+                                          SparseCategoricalCrossentropy(from_logits=True)),
+              verbose=0, shuffle=False)
+  model_fn = lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+  with pytest.raises(KeyboardInterrupt):
+    tfdist.fit(model_fn, x, y, callbacks=[StopAfter()], **args)
+  tfdist.fit(model_fn, x, y, **args)
+  train, files = scalars(tmp_path / "tb" / "resumed" / "train")
+  assert len(files["epoch_loss"]) == 2  # Two segments ...
+  assert [s for s, _ in train["epoch_loss"]] == [0, 1, 2, 3]  # ... of one curve.
+  assert [s for s, _ in train["batch_loss"]] == list(range(2, 17, 2))
+
+
+def test_tfdist_tensorboard_serves_the_scalars_on_loopback(runs):
+  run = runs("mwms")
+  server = subprocess.Popen([sys.executable, "-m", "tfdist", "tensorboard", str(run.parent)],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+  try:
+    for line in server.stdout:
+      match = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
+      if match:
+        break
+    url = match.group(1)
+    deadline = time.monotonic() + 60
+    while True:
+      tags = json.loads(urllib.request.urlopen(url + "data/plugin/scalars/tags").read())
+      if "launch/train" in tags or time.monotonic() > deadline:
+        break
+      time.sleep(0.5)
+    assert {"epoch_loss", "batch_loss"} <= set(tags["launch/train"])
+    query = "data/plugin/scalars/scalars?run=launch%2Ftrain&tag=epoch_loss"
+    points = json.loads(urllib.request.urlopen(url + query).read())
+    assert [step for _, step, _ in points] == [0, 1, 2]
+    server.send_signal(signal.SIGINT)
+    assert server.wait(timeout=15) == 0
+  finally:
+    if server.poll() is None:
+      server.kill()
+      server.wait()

@@ -1,0 +1,38 @@
+"""`tfdist tensorboard LOG_DIR [--port P] [--bind-all]`: TensorBoard on a run's logs (or on the
+`tensorboard.log_dir` of a config), bound to 127.0.0.1 unless `--bind-all`, until stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from absl import flags
+
+from tfdist.errors import ConfigError
+
+USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
+FLAGS = flags.FLAGS
+
+
+def run(args: list[str], task: str | None) -> int:
+  from tfdist.monitoring.server import start_tensorboard
+
+  del task
+  if len(args) != 1:
+    raise SystemExit(f"usage: {USAGE}")
+  log_dir = args[0]
+  if os.path.isfile(log_dir):  # A config: its tensorboard.log_dir.
+    from tfdist.config import load_config
+    config = load_config(log_dir, environ={})
+    log_dir = config.tensorboard.log_dir
+    if not log_dir:
+      raise ConfigError("must be set to show a run", key="tensorboard.log_dir", received=None,
+                        source=config.source)
+  stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+  signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+  url, shutdown = start_tensorboard(log_dir, port=FLAGS.port or 0,
+                                    bind_all=FLAGS["bind-all"].value)
+  print(f"tfdist tensorboard: {log_dir} at {url} (Ctrl-C stops it)", flush=True)
+  signal.sigwait(stop)
+  shutdown()
+  return 0
