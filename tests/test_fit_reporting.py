@@ -93,7 +93,7 @@ def test_the_start_line_names_every_choice_and_how_to_turn_it_off():
   assert line == (
       "tfdist: mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: "
       "bfloat16 mixed precision (training.mixed_precision: off for float32); 32 steps per "
-      "call, batch callbacks see every 32th batch (training.steps_per_execution: 1); fused "
+      "call, batch callbacks once per call (training.steps_per_execution: 1); fused "
       "Adam update (training.fused_optimizer: false); one update every 2 batches "
       "(training.gradient_accumulation_steps: 1)")
   plain = report.choices_line(strategy_name="default", replicas=1, global_batch=None,

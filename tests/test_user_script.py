@@ -95,7 +95,7 @@ def test_the_start_line_is_printed_once_and_the_progress_bar_counts_the_epoch(ru
   starts = [line for line in output.splitlines() if "tfdist: multi_worker_mirrored" in line]
   assert len(starts) == 1 and starts[0].startswith("[worker-0]"), output[-3000:]
   assert ("2 replicas, global batch 64 (32 per replica). Unlike plain Keras: 16 steps per "
-          "call, batch callbacks see every 16th batch (training.steps_per_execution: 1); fused "
+          "call, batch callbacks once per call (training.steps_per_execution: 1); fused "
           "SGD update (training.fused_optimizer: false)") in starts[0]
   assert "[worker-0] 16/16 " in output and "32/16" not in output
 

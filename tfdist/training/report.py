@@ -4,7 +4,7 @@ where it resumes from, and a learning-rate schedule that ends before the run doe
 Printed by the chief alone (every worker would print the same), as one line each:
 
 ```
-tfdist: multi_worker_mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: bfloat16 mixed precision (training.mixed_precision: off for float32); 19 steps per call, batch callbacks see every 19th batch (training.steps_per_execution: 1); fused Adam update (training.fused_optimizer: false)
+tfdist: multi_worker_mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: bfloat16 mixed precision (training.mixed_precision: off for float32); 19 steps per call, batch callbacks once per call (training.steps_per_execution: 1); fused Adam update (training.fused_optimizer: false)
 ```
 """
 
@@ -30,8 +30,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
     unlike.append(f"{policy.removeprefix('mixed_')} mixed precision "
                   "(training.mixed_precision: off for float32)")
   if steps_per_execution > 1:
-    unlike.append(f"{steps_per_execution} steps per call, batch callbacks see every "
-                  f"{steps_per_execution}th batch (training.steps_per_execution: 1)")
+    unlike.append(f"{steps_per_execution} steps per call, batch callbacks once per call "
+                  "(training.steps_per_execution: 1)")
   if fused:
     unlike.append(f"fused {fused} update (training.fused_optimizer: false)")
   if accumulation > 1:
