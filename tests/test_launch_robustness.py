@@ -19,7 +19,7 @@ MWMS = "cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, timeout_se
 def launch_steps(write_config, tmp_path, *flags, steps=0):
   path = write_config(MWMS)
   return start_launch(str(path), "--logs", str(tmp_path / "logs"), "--grace-period", "2",
-                      *flags, "--", sys.executable, str(PROGRAMS / "steps.py"),
+                      "--verbose", *flags, "--", sys.executable, str(PROGRAMS / "steps.py"),
                       env={"STEPS": str(steps)})
 
 

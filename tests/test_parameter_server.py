@@ -28,7 +28,8 @@ def ps_config(write_config, tmp_path, *, evaluator=0, steps=50, per_call=5, epoc
 
 
 def launch(path, tmp_path, *extra, program="ps_fit.py"):
-  return start_launch(str(path), "--logs", str(tmp_path / "logs"), *extra, "--", sys.executable,
+  return start_launch(str(path), "--logs", str(tmp_path / "logs"), "--verbose", *extra, "--",
+                      sys.executable,
                       str(PROGRAMS / program))
 
 

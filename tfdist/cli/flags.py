@@ -7,7 +7,8 @@ from absl import flags
 
 COMMAND_FLAGS = {
     "launch": ("task", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
-               "heartbeat-timeout", "grace-period", "logs", "keep-alive", "port", "tensorboard"),
+               "heartbeat-timeout", "grace-period", "logs", "verbose", "keep-alive", "port",
+               "tensorboard"),
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
     "serve": ("task",),
@@ -49,6 +50,8 @@ def define_flags() -> None:
                      "stopping tasks.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "
                       "tfdist-logs/<date-time>.")
+  flags.DEFINE_bool("verbose", False, "launch: show every task's output; by default the "
+                    "terminal shows the chief's (every task's goes to its log).")
   flags.DEFINE_bool("fresh", False, "launch: start training over, ignoring the backup of an "
                     "earlier run (restarts within this launch still resume).")
   flags.DEFINE_bool("tensorboard", False, "launch: start TensorBoard on the config's "

@@ -18,7 +18,7 @@ from tfdist.config.loader import parse_task_flag
 
 USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--fresh] "
          "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--grace-period S] "
-         "[--logs DIR] [--keep-alive] [--tensorboard] [--port P] -- COMMAND")
+         "[--logs DIR] [--verbose] [--keep-alive] [--tensorboard] [--port P] -- COMMAND")
 FLAGS = flags.FLAGS
 
 
@@ -63,7 +63,7 @@ def run(args: list[str], task: str | None) -> int:
     outcome = supervisor.Supervisor(
         lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
         max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value,
-        heartbeat_timeout=FLAGS["heartbeat-timeout"].value).run()
+        heartbeat_timeout=FLAGS["heartbeat-timeout"].value, verbose=FLAGS.verbose).run()
   finally:
     stack.close()
     while held:

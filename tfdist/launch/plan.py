@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV, RUN_ENV
+from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
@@ -32,6 +33,7 @@ class ProcessPlan:
       themselves; False for the processes running the user's command.
     address: the host:port its TensorFlow server listens on; None for an evaluator (it serves
       nothing).
+    chief: the task whose output the terminal shows by default (the chief, or worker 0).
   """
   task: TaskConfig | None
   argv: tuple[str, ...]
@@ -39,6 +41,7 @@ class ProcessPlan:
   log: str
   serves: bool
   address: str | None
+  chief: bool = False
 
   @property
   def name(self) -> str:
@@ -98,7 +101,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
         _user_command_env(fresh, log_dir)
     return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
-                                   False, None),), "cluster")
+                                   False, None, True),), "cluster")
   if not cluster.has_addresses:
     if task is not None:
       raise ConfigError("names a task of a real cluster: give the cluster's addresses "
@@ -118,7 +121,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
       env += _user_command_env(fresh, log_dir)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
     processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
-                                 serves, address))
+                                 serves, address, is_chief(dataclasses.replace(config, task=t))))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
   asynchronous = config.strategy.name == "parameter_server"
   peers = tuple((f"{t.type}-{t.index}", cluster.addresses[t.type][t.index])

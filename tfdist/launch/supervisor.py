@@ -67,23 +67,27 @@ class Supervisor:
     max_restarts: restarts allowed (of the cluster, or of a failed parameter-server worker).
     grace_period: seconds between SIGTERM and SIGKILL when stopping.
     heartbeat_timeout: seconds without a heartbeat after which a task counts as frozen.
+    verbose: show every task's output; by default only the chief's (every worker prints the
+      same progress), or every task's when this launcher runs no chief. All go to the logs.
     out: where prefixed output and the launcher's messages go; None, or once it is closed,
       only the log files get output.
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
                max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
-               out: TextIO | None = sys.stdout):
+               verbose: bool = False, out: TextIO | None = sys.stdout):
     self.make_plan = make_plan
     self.startup_timeout = startup_timeout
     self.restarts_left = max_restarts
     self.grace_period = grace_period
     self.heartbeat_timeout = heartbeat_timeout
+    self.verbose = verbose
     self.out = out
     self._lock = threading.Lock()
     self._stop_signal: int | None = None
     self._running: list[Running] = []
     self._noise: collections.Counter = collections.Counter()
+    self._runs_chief = False
 
   # -- output ---------------------------------------------------------------------------------
 
@@ -100,7 +104,7 @@ class Supervisor:
       except (BrokenPipeError, OSError, ValueError):
         self.out = None  # The reader went away (`| head`): keep going, logging to files.
 
-  def _pump(self, name: str, stream, log_path: str) -> None:
+  def _pump(self, name: str, stream, log_path: str, shown: bool) -> None:
     with open(log_path, "ab") as log:
       for raw in iter(stream.readline, b""):
         log.write(liveness.plain_text(raw).rstrip(b"\n") + b"\n" if raw.strip() else raw)
@@ -110,7 +114,8 @@ class Supervisor:
         if _NOISE.search(raw):
           self._noise[name] += 1
           continue
-        self._write(f"[{name}] {raw.decode(errors='replace')}")
+        if shown:
+          self._write(f"[{name}] {raw.decode(errors='replace')}")
 
   # -- processes -------------------------------------------------------------------------------
 
@@ -122,7 +127,9 @@ class Supervisor:
     process = subprocess.Popen(p.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True,
                                preexec_fn=liveness.die_with_parent)
-    pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log), daemon=True)
+    shown = self.verbose or p.chief or not self._runs_chief
+    pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log, shown),
+                            daemon=True)
     pump.start()
     self.say(f"{p.name} started (pid {process.pid})")
     return Running(p, process, pump)
@@ -148,7 +155,10 @@ class Supervisor:
     try:
       while True:
         plan = self.make_plan()
+        self._runs_chief = any(p.chief for p in plan.processes)
         self.say(plan.describe())
+        if self._runs_chief and not self.verbose and len(plan.processes) > 1:
+          self.say("showing the chief's output; every task's is in its log (--verbose shows all)")
         self._running = [self._start(p) for p in plan.processes]
         outcome = self._watch(plan)
         self._stop(self._running)
