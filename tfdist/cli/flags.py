@@ -11,6 +11,7 @@ COMMAND_FLAGS = {
                "tensorboard"),
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
+    "env": ("json",),
     "serve": ("task",),
     "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
                "namespace", "volume-claim"),
@@ -56,6 +57,7 @@ def define_flags() -> None:
                     "earlier run (restarts within this launch still resume).")
   flags.DEFINE_bool("tensorboard", False, "launch: start TensorBoard on the config's "
                     "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL.")
+  flags.DEFINE_bool("json", False, "env: print the facts as one JSON object.")
   flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "
                     "127.0.0.1.")
   flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "

@@ -10,13 +10,13 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, export, launch, serve, tensorboard
+from tfdist.cli import check, env, export, launch, serve, tensorboard
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
 COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
-            "tensorboard": tensorboard}
+            "tensorboard": tensorboard, "env": env}
 
 
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
@@ -25,7 +25,8 @@ HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML
         "  check    validate a config and show what it will do\n"
         "  serve    run a worker or ps server of a parameter-server cluster\n"
         "  export   print an sbatch script or Kubernetes manifests for the cluster\n"
-        "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n\n"
+        "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n"
+        "  env      this machine's facts for a bug report; with a config, every task's\n\n"
         "`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 
