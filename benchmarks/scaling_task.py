@@ -1,0 +1,70 @@
+"""One task of the scaling benchmark, pinned to the core of its index (before TensorFlow starts
+its threads). Modes:
+
+  train      trains the benchmark MLP through tfdist.fit; worker 0 prints
+             `EXAMPLES_PER_SECOND x` and `STEP_SECONDS x`
+  allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
+             worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
+
+  python -m benchmarks.scaling_task train|allreduce   (under tfdist launch, or alone)
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+INDEX = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+os.sched_setaffinity(0, {INDEX % os.cpu_count()})
+
+import tfdist  # noqa: E402  (after pinning: TensorFlow's threads inherit the affinity)
+from benchmarks import common  # noqa: E402
+
+SIZES = [2 ** k for k in range(12, 26, 2)]  # 4 KiB .. 32 MiB of float32
+
+
+def train(config):
+  x, y = common.data(int(os.environ.get("SAMPLES", "16384")))
+  timer = common.EpochTimer()
+  history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
+                       callbacks=[timer], verbose=0, shuffle=False)
+  del history
+  seconds = statistics.median(timer.seconds)
+  replicas = tfdist.make_strategy(config).num_replicas_in_sync
+  steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
+  return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}"]
+
+
+def allreduce(config):
+  import tensorflow as tf
+  strategy = tfdist.make_strategy(config)
+  lines = []
+  for size in SIZES:
+    with strategy.scope():
+      value = tf.Variable(tf.ones([size // 4]))
+
+    @tf.function
+    def reduce():
+      return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+          "sum", value.read_value()))
+    reduce()  # Trace, and set the collective up.
+    count = max(3, min(50, (64 << 20) // size))
+    start = time.perf_counter()
+    for _ in range(count):
+      result = reduce()
+    strategy.experimental_local_results(result)[0].numpy()
+    lines.append(f"ALLREDUCE {size} {(time.perf_counter() - start) / count}")
+  return lines
+
+
+def main():
+  config = tfdist.load_config()
+  lines = {"train": train, "allreduce": allreduce}[sys.argv[1]](config)
+  if INDEX == 0:
+    print("\n".join(lines), flush=True)
+  os._exit(0)  # Skip TensorFlow's slow teardown of the cluster's channels.
+
+
+if __name__ == "__main__":
+  main()
