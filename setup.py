@@ -27,8 +27,9 @@ setuptools.setup(
         "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW}"],
         "examples": ["scikit-learn>=1.5,<2"],
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
-                 # Kubernetes' own JSON schemas, for the exported manifests.
-                 "kubernetes-validate>=1.31,<2"],
+                 # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
+                 # models, for the exported manifests.
+                 "kubernetes-validate>=1.31,<2", "kubeflow-training==1.9.0"],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli.main:main"]},
 )

@@ -4,10 +4,12 @@ the schemas cannot see: names the API server accepts, shared storage where the c
 no pod deleted before the evaluator is done, no YAML anchors, no Service for the evaluator.
 
 The TFJob itself is a custom resource: its pod templates are validated as core PodTemplates
-(the TFJob CRD embeds `PodTemplateSpec`); the TFJob envelope is checked field by field against
-kubeflow/training-operator v1.9.0's `TFJobSpec` (runPolicy, tfReplicaSpecs with replicas,
-restartPolicy and template).
+(the TFJob CRD embeds `PodTemplateSpec`), and the whole TFJob, field by field, against the
+OpenAPI models of kubeflow/training-operator release v1.9.0 (its generated SDK on PyPI,
+`kubeflow-training==1.9.0`, and the Kubernetes client's models it builds on).
 """
+
+import re
 
 import kubernetes_validate
 import pytest
@@ -54,9 +56,38 @@ def test_every_manifest_passes_the_strict_kubernetes_schemas(write_config, name,
     kubernetes_validate.validate(document, version, strict=True)
 
 
+def check_fields(document, type_name, path="TFJob"):
+  """Every key of `document` is a field of OpenAPI model `type_name`, recursively, and every
+  leaf has the declared primitive type."""
+  from kubeflow.training import models as training
+  from kubernetes.client import models as core
+
+  # The training SDK writes dict(str, T) and list[T]; the Kubernetes client Dict[str, T], List[T].
+  mapping = re.fullmatch(r"(?:dict\(str, |Dict\[str, )(.+)[\)\]]", type_name)
+  if mapping:
+    for key, value in document.items():
+      check_fields(value, mapping.group(1), f"{path}.{key}")
+    return
+  sequence = re.fullmatch(r"[lL]ist\[(.+)\]", type_name)
+  if sequence:
+    for i, value in enumerate(document):
+      check_fields(value, sequence.group(1), f"{path}[{i}]")
+    return
+  primitives = {"str": str, "int": int, "bool": bool, "object": object}
+  if type_name in primitives:
+    assert isinstance(document, primitives[type_name]), f"{path}: not {type_name}"
+    return
+  model = getattr(training, type_name, None) or getattr(core, type_name)
+  fields = {json_key: attribute for attribute, json_key in model.attribute_map.items()}
+  for key, value in document.items():
+    assert key in fields, f"{path}: {type_name} has no field {key!r}"
+    check_fields(value, model.openapi_types[fields[key]], f"{path}.{key}")
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_tfjob_has_the_fields_of_training_operator_v1_9(write_config, name):
   (job,) = [d for d in export(write_config, name, "tfjob") if d["kind"] == "TFJob"]
+  check_fields(job, "KubeflowOrgV1TFJob")
   assert job["apiVersion"] == "kubeflow.org/v1" and set(job["spec"]) == {"runPolicy",
                                                                          "tfReplicaSpecs"}
   assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "None"}  # The evaluator finishes.
@@ -107,3 +138,12 @@ def test_output_has_no_yaml_anchors_and_the_evaluator_no_service(write_config):
   assert [d["metadata"]["name"] for d in documents if d["kind"] == "Service"] == [
       "run-chief", "run-worker", "run-ps"]
   assert list(yaml.safe_load_all(kubernetes.dump(documents))) == documents
+
+
+def test_the_field_check_catches_a_misspelt_field():
+  with pytest.raises(AssertionError, match=r"TFJob.spec.runPolicy: KubeflowOrgV1RunPolicy has "
+                     r"no field 'cleanPodPolicies'"):
+    check_fields({"spec": {"runPolicy": {"cleanPodPolicies": "None"}}}, "KubeflowOrgV1TFJob")
+  pod = {"template": {"spec": {"containers": [{"name": "tensorflow", "imag": "i"}]}}}
+  with pytest.raises(AssertionError, match=r"containers\[0\]: V1Container has no field 'imag'"):
+    check_fields({"spec": {"tfReplicaSpecs": {"Chief": pod}}}, "KubeflowOrgV1TFJob")
