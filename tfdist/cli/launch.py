@@ -72,7 +72,7 @@ def run(args: list[str], task: str | None) -> int:
     from tfdist.export.slurm import record_exit
     record_exit(outcome.root_cause_code or outcome.code)
   with contextlib.suppress(BrokenPipeError, OSError):  # A reader that went away (`| head`).
-    print(f"tfdist launch: {outcome.message} (exit code {outcome.code}); logs in {log_dir}",
+    print(f"tfdist launch: {outcome.message}; exit code {outcome.code}; logs in {log_dir}",
           file=sys.stderr, flush=True)
   if outcome.code == supervisor.OK and FLAGS["keep-alive"].value:
     _wait_until_stopped()
