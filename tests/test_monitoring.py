@@ -36,7 +36,7 @@ def scalars(directory):
     events = EventAccumulator(str(path), size_guidance={"tensors": 0})
     events.Reload()
     for tag in events.Tags()["tensors"]:
-      points = [(e.step, float(tf_value(e))) for e in events.Tensors(tag)]
+      points = [(e.step, tf_value(e).item()) for e in events.Tensors(tag)]
       values.setdefault(tag, []).extend(points)
       files.setdefault(tag, []).append(path.name)
   return values, files
@@ -69,7 +69,8 @@ def runs(tmp_path_factory):
 
 def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs):
   run = runs("mwms")
-  assert sorted(p.name for p in run.iterdir()) == ["plugins", "train", "validation", "worker-1"]
+  assert sorted(p.name for p in run.iterdir()) == ["launcher", "plugins", "train", "validation",
+                                                   "worker-1"]
   train, files = scalars(run / "train")
   assert len(files["epoch_loss"]) == 1
   assert [step for step, _ in train["epoch_loss"]] == [0, 1, 2]
@@ -83,6 +84,15 @@ def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs)
   assert all(value > 0 for _, value in worker["epoch_examples_per_second"])
 
 
+def test_the_launchers_events_are_text_summaries_of_the_run(runs):
+  events, _ = scalars(runs("mwms") / "launcher")
+  lines = [text.decode() if isinstance(text, bytes) else str(text)
+           for _, text in events["launcher"]]
+  assert lines[0].startswith("tfdist launch: 2 process(es)")
+  assert any(re.fullmatch(r"worker-1 started \(pid \d+\)", line) for line in lines)
+  assert lines[-1] == "every task finished: done"
+
+
 def test_a_profile_is_written_for_the_configured_batches_on_the_chief(runs):
   traces = list((runs("mwms") / "plugins" / "profile").glob("*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0
@@ -90,7 +100,7 @@ def test_a_profile_is_written_for_the_configured_batches_on_the_chief(runs):
 
 def test_parameter_server_runs_log_the_chiefs_curves(runs):
   run = runs("ps")
-  assert sorted(p.name for p in run.iterdir()) == ["plugins", "train", "validation"]
+  assert sorted(p.name for p in run.iterdir()) == ["launcher", "plugins", "train", "validation"]
   train, files = scalars(run / "train")
   assert len(files["epoch_loss"]) == 1 and [s for s, _ in train["epoch_loss"]] == [0, 1, 2]
 

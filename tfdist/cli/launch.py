@@ -7,6 +7,7 @@ of a failure named."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -59,11 +60,18 @@ def run(args: list[str], task: str | None) -> int:
       return 0
     if FLAGS.tensorboard:
       stack.callback(_start_tensorboard(config))  # Stopped with the launch.
+    events = None
+    if config.tensorboard.log_dir:  # The launcher's lines beside the run's curves.
+      from tfdist.monitoring.launch_events import LaunchEvents
+      events = LaunchEvents(os.path.join(config.tensorboard.log_dir,
+                                         os.path.basename(os.path.abspath(log_dir)), "launcher"))
+      stack.callback(events.close)
     plans = iter([first])
     outcome = supervisor.Supervisor(
         lambda: next(plans, None) or make_plan(), startup_timeout=FLAGS["startup-timeout"].value,
         max_restarts=FLAGS["max-restarts"].value, grace_period=FLAGS["grace-period"].value,
-        heartbeat_timeout=FLAGS["heartbeat-timeout"].value, verbose=FLAGS.verbose).run()
+        heartbeat_timeout=FLAGS["heartbeat-timeout"].value, verbose=FLAGS.verbose,
+        on_say=events).run()
   finally:
     stack.close()
     while held:

@@ -71,11 +71,13 @@ class Supervisor:
       same progress), or every task's when this launcher runs no chief. All go to the logs.
     out: where prefixed output and the launcher's messages go; None, or once it is closed,
       only the log files get output.
+    on_say: also called with each of the launcher's own lines (TensorBoard's launcher events).
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
                max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
-               verbose: bool = False, out: TextIO | None = sys.stdout):
+               verbose: bool = False, out: TextIO | None = sys.stdout,
+               on_say: Callable[[str], None] | None = None):
     self.make_plan = make_plan
     self.startup_timeout = startup_timeout
     self.restarts_left = max_restarts
@@ -83,6 +85,7 @@ class Supervisor:
     self.heartbeat_timeout = heartbeat_timeout
     self.verbose = verbose
     self.out = out
+    self.on_say = on_say
     self._lock = threading.Lock()
     self._stop_signal: int | None = None
     self._running: list[Running] = []
@@ -93,6 +96,8 @@ class Supervisor:
 
   def say(self, line: str) -> None:
     self._write(f"[tfdist launch] {line}\n")
+    if self.on_say is not None:
+      self.on_say(line)
 
   def _write(self, text: str) -> None:
     with self._lock:

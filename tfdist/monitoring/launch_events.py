@@ -1,0 +1,41 @@
+"""The launcher's own events (the plan, tasks started, failed, restarted, rejoined, done) as
+TensorBoard text summaries in `<log_dir>/<run>/launcher/`, beside the run's curves, written
+with TensorBoard's own writer and protos: the launcher does not import TensorFlow.
+
+```python
+events = LaunchEvents("/shared/logs/20261122-080440/launcher")
+events("worker-1 failed first (exit code 7): the root cause")
+events.close()
+```
+"""
+
+from __future__ import annotations
+
+import time
+
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.text import metadata
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
+
+TAG = "launcher"
+
+
+class LaunchEvents:
+  """Writes each line it is called with as the next step of the `launcher` text summary."""
+
+  def __init__(self, directory: str):
+    self._writer = EventFileWriter(directory)
+    self._step = 0
+
+  def __call__(self, line: str) -> None:
+    value = summary_pb2.Summary.Value(
+        tag=TAG, metadata=metadata.create_summary_metadata(display_name=None, description=None),
+        tensor=tensor_util.make_tensor_proto([line]))
+    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=self._step,
+                                           summary=summary_pb2.Summary(value=[value])))
+    self._writer.flush()
+    self._step += 1
+
+  def close(self) -> None:
+    self._writer.close()
