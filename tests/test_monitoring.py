@@ -76,7 +76,14 @@ def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs)
   assert [step for step, _ in train["epoch_loss"]] == [0, 1, 2]
   # Batch steps are optimizer steps (4 per call), not calls, over the 3 epochs of 16 steps.
   assert [step for step, _ in train["batch_loss"]] == list(range(4, 49, 4))
-  assert {"epoch_steps_per_second", "epoch_examples_per_second"} <= set(train)
+  assert {"epoch_steps_per_second", "epoch_examples_per_second", "epoch_flops_per_second",
+          "epoch_mfu"} <= set(train)
+  parameters = 64 * 32 + 32 + 32 * 10 + 10  # The script's model.
+  for (_, examples), (_, flops), (_, mfu) in zip(train["epoch_examples_per_second"],
+                                                 train["epoch_flops_per_second"],
+                                                 train["epoch_mfu"]):
+    assert flops == pytest.approx(6 * parameters * examples, rel=1e-5)
+    assert 0 < mfu < 1
   validation, _ = scalars(run / "validation")
   assert [step for step, _ in validation["epoch_loss"]] == [0, 1, 2]
   worker, _ = scalars(run / "worker-1")

@@ -5,7 +5,7 @@ Keras's TensorBoard callback knows no chief: two MultiWorkerMirrored workers wri
 directory, tensorflow/tensorboard#1011). The config's `tensorboard:` section gives, under
 `<log_dir>/<run>/` (`<run>` is the launch's name, `TFDIST_RUN`, else `local`):
 
-  train/, validation/   the chief's Keras curves (update_freq), and its throughput
+  train/, validation/   the chief's Keras curves (update_freq), its throughput, FLOP/s and MFU
   <task>/               every other task's own throughput scalars (examples/s, steps/s)
 
 Batch-level steps count optimizer steps, not calls of `steps_per_execution` steps, and a
@@ -37,7 +37,7 @@ def run_dir(config: Config, environ=os.environ) -> str:
   return os.path.join(config.tensorboard.log_dir, environ.get(RUN_ENV) or "local")
 
 
-def callbacks(config: Config, *, first_epoch: int, epoch_steps: int | None,
+def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | None,
               global_batch: int | None) -> list:
   """The TensorBoard callbacks of this task: the chief's Keras curves and its throughput, or
   another task's throughput alone; none without `tensorboard.log_dir`."""
@@ -49,7 +49,8 @@ def callbacks(config: Config, *, first_epoch: int, epoch_steps: int | None,
   if not (chief or config.tensorboard.profile_every_task):
     profile = ()
   throughput = Throughput(run if chief else os.path.join(run, task_name(config)),
-                          "train" if chief else "", global_batch, profile=profile)
+                          "train" if chief else "", global_batch, profile=profile,
+                          replicas=strategy.num_replicas_in_sync if chief else 0)
   if not chief:
     return [throughput]
   curves = ClusterTensorBoard(run, update_freq=config.tensorboard.update_freq,
@@ -82,21 +83,30 @@ class ClusterTensorBoard(keras.callbacks.TensorBoard):
 
 class Throughput(keras.callbacks.Callback):
   """This task's examples/s and steps/s per epoch, as `epoch_examples_per_second` and
-  `epoch_steps_per_second`, and the profiler over `profile` = (first, last) batches.
+  `epoch_steps_per_second`, and the profiler over `profile` = (first, last) batches. With
+  `replicas`, also the achieved FLOP/s (`epoch_flops_per_second`: 6 x trainable parameters x
+  examples/s, the dense-layer count of a forward and backward pass) and the model FLOP/s
+  utilisation against `replicas` x this device's measured matmul peak (`epoch_mfu`).
 
   Args:
     directory: the run directory (the chief's) or the task's own directory.
     subdirectory: where under it the scalars go (`train` for the chief).
     global_batch: examples per step, for examples/s (None: steps/s alone).
     profile: (first, last) batches to profile, 1-based; empty for none.
+    replicas: the replicas in sync, for FLOP/s and MFU; 0 writes neither.
   """
 
   def __init__(self, directory: str, subdirectory: str, global_batch: int | None,
-               profile: tuple = ()):
+               profile: tuple = (), replicas: int = 0):
     super().__init__()
     self.directory, self.global_batch, self.profile = directory, global_batch, profile
+    self.replicas, self._peak = replicas, None
     self._writer = tf.summary.create_file_writer(os.path.join(directory, subdirectory))
     self._steps, self._started, self._profiling = 0, 0.0, False
+
+  def on_train_begin(self, logs=None):
+    if self.replicas and self.global_batch:
+      self._peak = matmul_peak(self.model.compute_dtype)
 
   def on_epoch_begin(self, epoch, logs=None):
     self._steps, self._started = 0, time.perf_counter()
@@ -120,8 +130,12 @@ class Throughput(keras.callbacks.Callback):
     with self._writer.as_default():
       tf.summary.scalar("epoch_steps_per_second", self._steps / seconds, step=epoch)
       if self.global_batch:
-        tf.summary.scalar("epoch_examples_per_second", self._steps * self.global_batch / seconds,
-                          step=epoch)
+        examples = self._steps * self.global_batch / seconds
+        tf.summary.scalar("epoch_examples_per_second", examples, step=epoch)
+        if self._peak:
+          flops = 6 * sum(int(w.numpy().size) for w in self.model.trainable_weights) * examples
+          tf.summary.scalar("epoch_flops_per_second", flops, step=epoch)
+          tf.summary.scalar("epoch_mfu", flops / (self.replicas * self._peak), step=epoch)
     self._writer.flush()
 
   def on_train_end(self, logs=None):
@@ -129,3 +143,17 @@ class Throughput(keras.callbacks.Callback):
       tf.profiler.experimental.stop()
       self._profiling = False
     self._writer.close()
+
+
+def matmul_peak(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
+  """This device's FLOP/s on a `size`^3 matmul in `dtype`, the best of `repeats` (~0.1 s)."""
+  a = tf.random.uniform([size, size], dtype=tf.float32)
+  a = tf.cast(a, dtype)
+  matmul = tf.function(lambda x: tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32)))
+  matmul(a).numpy()  # Trace.
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).numpy()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best

@@ -113,7 +113,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
                                          updates_per_epoch=epoch_steps))
   from tfdist.monitoring import tensorboard
   callbacks = list(callbacks or []) + tensorboard.callbacks(
-      config, first_epoch=first_epoch, epoch_steps=epoch_steps, global_batch=global_batch)
+      config, strategy, first_epoch=first_epoch, epoch_steps=epoch_steps,
+      global_batch=global_batch)
   with user_files.chief_only(callbacks, config) as callbacks:
     if asynchronous:
       from tfdist.training import parameter_server
