@@ -124,9 +124,12 @@ class MirroredOptions:
     devices: device names to mirror over; empty means every GPU, else every (logical) CPU.
     cross_device_ops: how gradients are all-reduced: auto (TensorFlow's choice), nccl,
       hierarchical_copy or reduction_to_one.
+    gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes; the sum
+      is rounded to that precision) instead of their own dtype; none keeps them.
   """
   devices: tuple[str, ...] = ()
   cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"] = "auto"
+  gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +141,14 @@ class MultiWorkerMirroredOptions:
     timeout_seconds: deadline of every collective; a stopped peer is noticed after it. None
       keeps TensorFlow's (no deadline, a heartbeat notices dead peers).
     bytes_per_pack: pack gradients into chunks of this many bytes; 0 lets TensorFlow decide.
+    gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
+      network; the sum is rounded to that precision, as Horovod's fp16 compression); none keeps
+      them in their own dtype.
   """
   communication: Literal["auto", "ring", "nccl"] = "auto"
   timeout_seconds: float | None = _field(None, _OPTIONAL_POSITIVE)
   bytes_per_pack: int = _field(0, _NON_NEGATIVE)
+  gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,8 @@ _STRATEGIES: dict[str, Any] = {}
 def make_strategy(config: ConfigLike = None):
   """Makes the strategy a config names, for the task this process runs.
 
-  The same strategy, cluster, devices and task give the same strategy object within a process.
+  The same strategy, cluster, devices and task give the same strategy object within a process
+  (options `tfdist.fit` applies, like gradient_compression, do not make another).
   Applies `devices` first (before TensorFlow initialises its devices). An evaluator task gets
   the default strategy: it evaluates on its own machine.
 
@@ -50,7 +51,10 @@ def make_strategy(config: ConfigLike = None):
   ```
   """
   config = as_config(config)
-  key = repr((config.strategy, config.devices, config.cluster, config.task))
+  options = config.strategy.options
+  if getattr(options, "gradient_compression", "none") != "none":  # Applied by fit, not here.
+    options = dataclasses.replace(options, gradient_compression="none")
+  key = repr((config.strategy.name, options, config.devices, config.cluster, config.task))
   if key not in _STRATEGIES:
     _STRATEGIES[key] = _make(config)
   return _STRATEGIES[key]
@@ -91,19 +95,23 @@ def one_device(device: str | None = None):
   return make_strategy(_with_strategy("one_device", {"device": device}, {}))
 
 
-def mirrored(devices=(), cross_device_ops: str = "auto", *, logical_cpus: int = 0):
+def mirrored(devices=(), cross_device_ops: str = "auto", *, logical_cpus: int = 0,
+             gradient_compression: str = "none"):
   """`tf.distribute.MirroredStrategy` over this machine's devices.
 
   Args:
     devices: device names; empty means every GPU, else every logical CPU.
     cross_device_ops: auto, nccl, hierarchical_copy or reduction_to_one.
     logical_cpus: split the CPU into this many devices first (as `devices.logical_cpus`).
+    gradient_compression: none, bfloat16 or float16: the dtype `tfdist.fit` all-reduces
+      gradients in.
 
   ```python
   strategy = tfdist.mirrored(logical_cpus=2)   # 2 replicas on a machine without GPUs
   ```
   """
-  options = {"devices": list(devices), "cross_device_ops": cross_device_ops}
+  options = {"devices": list(devices), "cross_device_ops": cross_device_ops,
+             "gradient_compression": gradient_compression}
   return make_strategy(_with_strategy(
       "mirrored", options, {"devices": {"logical_cpus": logical_cpus}}))
 
@@ -123,7 +131,8 @@ def central_storage(compute_devices=(), parameter_device: str | None = None, *,
 
 
 def multi_worker_mirrored(communication: str = "auto", timeout_seconds: float | None = None,
-                          bytes_per_pack: int = 0, *, config: ConfigLike = None):
+                          bytes_per_pack: int = 0, *, config: ConfigLike = None,
+                          gradient_compression: str = "none"):
   """`tf.distribute.MultiWorkerMirroredStrategy` over the chief and workers of a cluster.
 
   Args:
@@ -131,9 +140,11 @@ def multi_worker_mirrored(communication: str = "auto", timeout_seconds: float | 
     timeout_seconds: deadline of every collective; None for none.
     bytes_per_pack: gradient pack size in bytes; 0 lets TensorFlow decide.
     config: where the cluster and task come from; None reads TF_CONFIG (checked first).
+    gradient_compression: none, bfloat16 or float16: the dtype `tfdist.fit` all-reduces
+      gradients in.
   """
   options = {"communication": communication, "timeout_seconds": timeout_seconds,
-             "bytes_per_pack": bytes_per_pack}
+             "bytes_per_pack": bytes_per_pack, "gradient_compression": gradient_compression}
   return make_strategy(_with_strategy("multi_worker_mirrored", options, config))
 
 

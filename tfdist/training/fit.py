@@ -158,6 +158,10 @@ def _build(model_fn, compile, strategy, config: Config):
     model.jit_compile = training.jit_compile
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
     fused = training.fused_optimizer and fused_updates.install(optimizer)
+    compressed = getattr(config.strategy.options, "gradient_compression", "none")
+    if compressed != "none":
+      from tfdist.training import compression
+      compression.install(optimizer, compressed)
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
   return model, policy, type(optimizer).__name__ if fused else None

@@ -14,6 +14,8 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
+from tfdist.training import compression
+
 # Versions known to need the fixes; raise the bound once a test shows a newer one still does.
 _BROKEN = (3, 0) <= tuple(int(p) for p in keras.version().split(".")[:2]) < (3, 16)
 
@@ -155,7 +157,7 @@ def _accumulate_with_syncs_outside_cond(self, grads, trainable_variables):
                   for v in trainable_variables]
   variables = [v.value for v in trainable_variables]
   context = tf.distribute.get_replica_context()
-  reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+  reduced = compression.reduce_sum(grads, getattr(self, "_tfdist_all_reduce_dtype", None))
   averaged = self._clip_gradients([(g + a) / steps for g, a in zip(reduced, accumulators)])
   learning_rate = self.learning_rate
   is_update_step = (self._iterations + 1) % steps == 0
