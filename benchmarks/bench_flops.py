@@ -6,7 +6,6 @@ Training FLOPs per example are taken as 6 x parameters (forward 2, backward 4) f
   python benchmarks/bench_flops.py
 """
 
-import time
 
 from absl import app, flags
 
