@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tfdist.launch.ports import free_ports
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV, finish, read_until, start_launch
 
@@ -99,6 +100,23 @@ def test_a_frozen_worker_is_named_as_the_root_cause(write_config, tmp_path):
   assert re.search(r"worker-1 stopped making progress first \(no heartbeat for \d+ s, pid "
                    rf"{pids[1]}\): the root cause(; worker-0 failed \(exit code \d+\) after it)?",
                    output), output[-3000:]
+
+
+def test_one_host_of_a_cluster_whose_peer_never_starts_fails_by_the_deadline_naming_it(
+    write_config, tmp_path):
+  worker_0, worker_1 = (f"127.0.0.1:{p}" for p in free_ports(2))
+  path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
+                      "strategy: multi_worker_mirrored\n")
+  started = time.monotonic()
+  launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "15",
+                          "--grace-period", "2", "--logs", str(tmp_path / "logs"), "--",
+                          sys.executable, "-c", "import tfdist, time; time.sleep(600)")
+  output = finish(launcher, 90, [])
+  assert launcher.returncode == 3, output[-3000:]
+  assert f"waiting for worker-1 at {worker_1} (1" in output  # "(10 s of 15 s)"
+  assert (f"start-up deadline: worker-1 at {worker_1} did not come up in 15 s; stopping every "
+          "task") in output
+  assert time.monotonic() - started < 60
 
 
 def test_tensorflow_start_up_noise_is_turned_down(write_config, tmp_path):

@@ -101,6 +101,8 @@ def kill_mid_run(write_config, tmp_path, task):
 def test_killed_worker_is_restarted_and_rejoined_and_every_step_runs(write_config, tmp_path):
   output = kill_mid_run(write_config, tmp_path, "worker-1")
   assert "restarting worker-1 alone" in output
+  assert re.search(r"worker-1 is up again at 127\.0\.0\.1:\d+: it rejoined", output)
+  assert "Connection refused" not in output  # Summarised, in the logs only.
   chief = results(output)["chief:0"]
   assert chief["epochs"] == list(range(8))
   # At least once: a call in flight on the dying worker may have updated before it died.
