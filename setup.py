@@ -2,9 +2,11 @@
 
 import setuptools
 
-# Ranges are those tested (see BUILD_NOTES.md). TensorFlow comes through an extra so that GPU
-# users get the CUDA build and CPU users the small one; one of them is required.
-TENSORFLOW = "2.21.*"
+# Ranges are those the supported-versions matrix passed (`bash tests/compat/run`, table in
+# BUILD_NOTES.md): TensorFlow 2.19.1, 2.20.0 and 2.21.0 with Keras 3.15.1, and 2.21.0 with Keras
+# 3.12.4. TensorFlow comes through an extra so that GPU users get the CUDA build and CPU users
+# the small one; one of them is required.
+TENSORFLOW = ">=2.19.1,<2.22"
 
 setuptools.setup(
     name="tfdist",
@@ -15,7 +17,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "keras>=3.15.1,<3.16",
+        "keras>=3.12.4,<3.16",
         # tensorflow-cpu 2.21 does not depend on TensorBoard; keras.callbacks.TensorBoard needs it.
         "tensorboard>=2.21,<2.22",
         "absl-py>=2.1,<3",
@@ -23,8 +25,8 @@ setuptools.setup(
         "portpicker>=1.6,<2",
     ],
     extras_require={
-        "cpu": [f"tensorflow-cpu=={TENSORFLOW}"],
-        "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW}"],
+        "cpu": [f"tensorflow-cpu{TENSORFLOW}"],
+        "gpu": [f"tensorflow[and-cuda]{TENSORFLOW}"],
         "examples": ["scikit-learn>=1.5,<2"],
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
                  # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
