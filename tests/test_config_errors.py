@@ -88,7 +88,7 @@ BAD_CONFIGS = [
      "none. Received: []"),
     ("option_of_another_strategy", "strategy: {name: mirrored, communication: ring}\n", None, None,
      "{f}: strategy.communication: is not an option of mirrored; its options are: devices, "
-     "cross_device_ops. Received: 'ring'"),
+     "cross_device_ops, gradient_compression. Received: 'ring'"),
     ("bad_cross_device_ops", "strategy: {name: mirrored, cross_device_ops: ring}\n", None, None,
      "{f}: strategy.cross_device_ops: must be one of auto, nccl, hierarchical_copy, "
      "reduction_to_one. Received: 'ring'"),
