@@ -2,7 +2,6 @@
 through `tfdist launch`: a tf.data pipeline built in `tfdist.fit`'s argument list, the user's
 own ModelCheckpoint, CSVLogger and BackupAndRestore, and `model.save`."""
 
-import os
 import re
 import sys
 

@@ -48,7 +48,7 @@ def _every_task(config_path: str) -> dict[str, dict]:
                       "cluster run `tfdist env` on each host", key="cluster",
                       received=cluster.counts(), source=config.source)
   cluster = with_local_addresses(cluster, free_ports(len(cluster.tasks())))
-  processes = {f"{t.type}-{t.index}": subprocess.Popen(
+  processes = {t.name: subprocess.Popen(
       [sys.executable, "-m", "tfdist", "env", "--json"], stdout=subprocess.PIPE,
       env={**os.environ, "TF_CONFIG": tf_config_json(cluster, t), "TF_CPP_MIN_LOG_LEVEL": "3"})
       for t in cluster.tasks()}

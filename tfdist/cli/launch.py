@@ -63,8 +63,8 @@ def run(args: list[str], task: str | None) -> int:
     events = None
     if config.tensorboard.log_dir:  # The launcher's lines beside the run's curves.
       from tfdist.monitoring.launch_events import LaunchEvents
-      events = LaunchEvents(os.path.join(config.tensorboard.log_dir,
-                                         os.path.basename(os.path.abspath(log_dir)), "launcher"))
+      events = LaunchEvents(os.path.join(config.tensorboard.log_dir, plan.run_name(log_dir),
+                                         "launcher"))
       stack.callback(events.close)
     plans = iter([first])
     outcome = supervisor.Supervisor(
@@ -89,20 +89,19 @@ def run(args: list[str], task: str | None) -> int:
 
 def _start_tensorboard(config):
   """Starts TensorBoard on the config's log directory; returns its stop function."""
-  from tfdist.errors import ConfigError
+  from tfdist.cli.tensorboard import required_log_dir
   from tfdist.monitoring.server import start_tensorboard
 
-  if not config.tensorboard.log_dir:
-    raise ConfigError("must be set for --tensorboard", key="tensorboard.log_dir", received=None,
-                      source=config.source)
-  url, stop = start_tensorboard(config.tensorboard.log_dir)
-  print(f"tfdist launch: TensorBoard on {config.tensorboard.log_dir} at {url}", file=sys.stderr,
-        flush=True)
+  log_dir = required_log_dir(config, "for --tensorboard")
+  url, stop = start_tensorboard(log_dir)
+  print(f"tfdist launch: TensorBoard on {log_dir} at {url}", file=sys.stderr, flush=True)
   return stop
 
 
 def _wait_until_stopped() -> None:
-  stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+  from tfdist.launch.supervisor import STOP_SIGNALS
+
+  stop = set(STOP_SIGNALS)
   signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # Before saying so: a stop may come at once.
   with contextlib.suppress(BrokenPipeError, OSError):
     print("tfdist launch: --keep-alive: staying up until stopped", file=sys.stderr, flush=True)

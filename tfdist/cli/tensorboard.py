@@ -14,21 +14,27 @@ USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
 FLAGS = flags.FLAGS
 
 
+def required_log_dir(config, purpose: str) -> str:
+  """The config's `tensorboard.log_dir`; a ConfigError naming `purpose` when it is not set."""
+  if not config.tensorboard.log_dir:
+    raise ConfigError(f"must be set {purpose}", key="tensorboard.log_dir", received=None,
+                      source=config.source)
+  return config.tensorboard.log_dir
+
+
 def run(args: list[str], task: str | None) -> int:
   from tfdist.monitoring.server import start_tensorboard
 
   del task
   if len(args) != 1:
     raise SystemExit(f"usage: {USAGE}")
+  from tfdist.launch.supervisor import STOP_SIGNALS
+
   log_dir = args[0]
   if os.path.isfile(log_dir):  # A config: its tensorboard.log_dir.
     from tfdist.config import load_config
-    config = load_config(log_dir, environ={})
-    log_dir = config.tensorboard.log_dir
-    if not log_dir:
-      raise ConfigError("must be set to show a run", key="tensorboard.log_dir", received=None,
-                        source=config.source)
-  stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    log_dir = required_log_dir(load_config(log_dir, environ={}), "to show a run")
+  stop = set(STOP_SIGNALS)
   signal.pthread_sigmask(signal.SIG_BLOCK, stop)
   url, shutdown = start_tensorboard(log_dir, port=FLAGS.port or 0,
                                     bind_all=FLAGS["bind-all"].value)

@@ -43,7 +43,7 @@ def task(config: ConfigLike = None) -> TaskConfig | None:
 def task_name(config: ConfigLike = None) -> str:
   """`<type>-<index>` of this task, or `local` for a process without a task."""
   t = task(config)
-  return "local" if t is None else f"{t.type}-{t.index}"
+  return "local" if t is None else t.name
 
 
 def _as_config(config: ConfigLike) -> Config:

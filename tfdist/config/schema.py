@@ -100,6 +100,11 @@ class TaskConfig:
   def __str__(self) -> str:
     return f"{self.type}:{self.index}"
 
+  @property
+  def name(self) -> str:
+    """`<type>-<index>`, as logs, directories and the launcher's lines name the task."""
+    return f"{self.type}-{self.index}"
+
 
 @dataclasses.dataclass(frozen=True)
 class DefaultOptions:

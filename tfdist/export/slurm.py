@@ -69,6 +69,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   if gpus_per_task:
     lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
   lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+  exit_file = EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")
   # The interpreter that exported the script: a bare `python` may lack tfdist on a node's PATH.
   launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--slurm",
             *(["--port", str(port)] if port else []), "--", *command]
@@ -78,9 +79,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
       "srun --kill-on-bad-exit=1 " + shlex.join(launch),
       "status=$?",
       "# The root cause's exit code, not that of a peer srun stopped after it.",
-      f'[ -f "{EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")}" ] && '
-      f'status=$(cat "{EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")}") && '
-      f'rm -f "{EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")}"',
+      f'[ -f "{exit_file}" ] && status=$(cat "{exit_file}") && rm -f "{exit_file}"',
       "exit $status",
   ]
   return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 it: a parent-death signal for each task, a heartbeat file each task touches, plain-text logs.
 
 ```python
-heartbeat.start_from_environment()   # in a task: touches $TFDIST_HEARTBEAT every second
+start_from_environment()             # in a task: touches $TFDIST_HEARTBEAT every second
 age = heartbeat_age(path)            # in the launcher: seconds since the task's last beat
 ```
 """

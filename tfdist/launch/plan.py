@@ -45,7 +45,7 @@ class ProcessPlan:
 
   @property
   def name(self) -> str:
-    return "local" if self.task is None else f"{self.task.type}-{self.task.index}"
+    return "local" if self.task is None else self.task.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,15 +116,15 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
-           (HEARTBEAT_ENV, heartbeat_path(log_dir, f"{t.type}-{t.index}")))
+           (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
     if not serves:
       env += _user_command_env(fresh, log_dir)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]
-    processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.type}-{t.index}.log"),
+    processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.name}.log"),
                                  serves, address, is_chief(dataclasses.replace(config, task=t))))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
   asynchronous = config.strategy.name == "parameter_server"
-  peers = tuple((f"{t.type}-{t.index}", cluster.addresses[t.type][t.index])
+  peers = tuple((t.name, cluster.addresses[t.type][t.index])
                 for t in cluster.tasks() if t.type != "evaluator")
   return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers)
 
@@ -138,8 +138,14 @@ def _user_command_env(fresh: bool, log_dir: str) -> tuple[tuple[str, str], ...]:
   """What the processes running the user's command get besides TF_CONFIG and the config:
   `import tfdist` there makes the strategy before the script runs, TensorBoard's run is named
   after the launch's log directory, and `fresh` starts over."""
-  return ((PREPARE_ENV, "1"), (RUN_ENV, os.path.basename(log_dir.rstrip(os.sep)))) + \
+  return ((PREPARE_ENV, "1"), (RUN_ENV, run_name(log_dir))) + \
       (((FRESH_ENV, "1"),) if fresh else ())
+
+
+def run_name(log_dir: str) -> str:
+  """The run a launch's TensorBoard files go under (`<tensorboard.log_dir>/<run>`): the name of
+  its log directory."""
+  return os.path.basename(os.path.abspath(log_dir))
 
 
 def require_command(command: Sequence[str], cli: str) -> None:

@@ -30,7 +30,8 @@ STARTUP_TIMEOUT = 3
 # Stopped by a signal: 128 + its number (130 for SIGINT, 143 for SIGTERM), as shells report.
 
 _TAIL_LINES = 20
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops a launch (and `tfdist tensorboard`): Ctrl-C, a kill, a closed terminal."""
 _FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier root cause.
 _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
@@ -156,7 +157,7 @@ class Supervisor:
   # -- the loop -------------------------------------------------------------------------------
 
   def run(self) -> Outcome:
-    previous = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+    previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
     try:
       while True:
         plan = self.make_plan()
@@ -190,16 +191,15 @@ class Supervisor:
         return Outcome(128 + self._stop_signal, f"stopped by {name}")
       now = time.monotonic()
       waiting = {n: a for n, a in waiting.items() if not accepts(a)}
+      names = ", ".join(f"{n} at {a}" for n, a in waiting.items())
       if waiting and now - started > self.startup_timeout:
-        names = ", ".join(f"{n} at {a}" for n, a in waiting.items())
         self.say(f"start-up deadline: {names} did not come up in {self.startup_timeout:g} s; "
                  "stopping every task")
         return Outcome(STARTUP_TIMEOUT, f"{names} did not come up in "
                        f"{self.startup_timeout:g} s")
       if waiting and now - last_waiting_line >= _WAITING_EVERY:
         last_waiting_line = now
-        self.say("waiting for " + ", ".join(f"{n} at {a}" for n, a in waiting.items()) +
-                 f" ({now - started:.0f} s of {self.startup_timeout:g} s)")
+        self.say(f"waiting for {names} ({now - started:.0f} s of {self.startup_timeout:g} s)")
       for name, address in list(rejoining.items()):
         if accepts(address):
           self.say(f"{name} is up again at {address}: it rejoined")

@@ -12,7 +12,7 @@ import os
 import pathlib
 import platform
 from importlib import metadata
-from typing import Mapping, Sequence
+from typing import Mapping
 
 _CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                  "amx_tile", "amx_bf16", "amx_int8")

@@ -44,7 +44,7 @@ def start_task(task: TaskConfig, argv: Sequence[str], cluster: ClusterConfig,
              "TF_CPP_MIN_LOG_LEVEL": "2"}
   if config_path is not None:
     environ[CONFIG_ENV] = os.fspath(config_path)
-  log = pathlib.Path(log_dir) / f"{task.type}-{task.index}.log"
+  log = pathlib.Path(log_dir) / f"{task.name}.log"
   with open(log, "wb") as out:
     process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=environ,
                                stdin=subprocess.DEVNULL, start_new_session=True)

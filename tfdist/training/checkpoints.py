@@ -38,6 +38,14 @@ def writable_dir(config: Config, directory: str):
     os.makedirs(directory, exist_ok=True)
     yield directory
     return
+  with scratch_dir(config) as scratch:
+    yield scratch
+
+
+@contextlib.contextmanager
+def scratch_dir(config: Config):
+  """A temporary directory of this task's (`tfdist-<task>-...`), removed on exit: where a
+  non-chief task's copies of the chief's files go."""
   scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name(config)}-")
   try:
     yield scratch

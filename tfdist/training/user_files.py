@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
-import tempfile
 from typing import Iterator, Sequence
 
 import keras
 
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
+from tfdist.training.checkpoints import scratch_dir
 
 
 _WRITERS = (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint,
@@ -41,11 +40,8 @@ def chief_only(callbacks: Sequence, config: Config) -> Iterator[list]:
   if is_chief(config) or not any(isinstance(c, _WRITERS) for c in callbacks):
     yield list(callbacks)
     return
-  scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name(config)}-")
-  try:
+  with scratch_dir(config) as scratch:
     yield [_redirected(c, scratch, task_name(config)) for c in callbacks]
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def save_on_chief_only(model, config: Config) -> None:
@@ -55,15 +51,12 @@ def save_on_chief_only(model, config: Config) -> None:
     return
   for name in ("save", "save_weights"):
     method = getattr(model, name)
-    setattr(model, name, functools.partial(_save_aside, method, task_name(config)))
+    setattr(model, name, functools.partial(_save_aside, method, config))
 
 
-def _save_aside(method, task: str, filepath, *args, **kwargs):
-  scratch = tempfile.mkdtemp(prefix=f"tfdist-{task}-")
-  try:
+def _save_aside(method, config: Config, filepath, *args, **kwargs):
+  with scratch_dir(config) as scratch:
     return method(os.path.join(scratch, os.path.basename(os.fspath(filepath))), *args, **kwargs)
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _redirected(callback, scratch: str, task: str):
