@@ -87,8 +87,48 @@ def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs)
   validation, _ = scalars(run / "validation")
   assert [step for step, _ in validation["epoch_loss"]] == [0, 1, 2]
   worker, _ = scalars(run / "worker-1")
-  assert set(worker) == {"epoch_steps_per_second", "epoch_examples_per_second"}
+  split = {"epoch_input_wait_ms", "epoch_compute_ms", "epoch_collective_wait_ms"}
+  assert set(worker) == {"epoch_steps_per_second", "epoch_examples_per_second"} | split
   assert all(value > 0 for _, value in worker["epoch_examples_per_second"])
+  assert split | {"epoch_straggler_ratio", "straggler"} <= set(train)
+  assert all(value >= 0 for tag in split for _, value in worker[tag] + train[tag])
+
+
+@pytest.mark.parametrize("slow", ["worker-1", "none"])
+def test_a_worker_with_a_slow_input_pipeline_is_named_the_straggler(tmp_path, slow):
+  config = tmp_path / "config.yaml"
+  config.write_text(CONFIGS["mwms"] + f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n")
+  launcher = start_launch(str(config), "--logs", str(tmp_path / "launch"), "--", sys.executable,
+                          str(PROGRAMS / "straggler.py"), slow, "0.03")
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  train, _ = scalars(tmp_path / "tb" / "launch" / "train")
+  lines = [text.decode() for _, text in train["straggler"]]
+  ratios = [value for _, value in train["epoch_straggler_ratio"]]
+  if slow == "none":
+    assert all(line.startswith("no straggler") for line in lines), lines
+    assert "straggler:" not in output
+  else:  # Every epoch after the first (which traces and builds) names it.
+    assert all(line.startswith("straggler: worker-1,") for line in lines[1:]), lines
+    assert min(ratios[1:]) > 1.5, ratios
+    assert re.search(r"\[worker-0\] tfdist: epoch 3: straggler: worker-1, .* chronic: ", output)
+    worker, _ = scalars(tmp_path / "tb" / "launch" / "worker-1")
+    # The slow worker waits for its input; its fast peer waits for it in the collectives.
+    assert worker["epoch_input_wait_ms"][-1][1] > 10 > train["epoch_input_wait_ms"][-1][1]
+    assert train["epoch_collective_wait_ms"][-1][1] > 10
+
+
+def test_the_straggler_is_the_slowest_in_input_and_compute_against_the_median():
+  from tfdist.monitoring.step_times import Stragglers, straggler
+  assert straggler({"chief-0": [0.0, 5.0, 1.0]}) == (None, 1.0)
+  assert straggler({"worker-0": [0.2, 0.1, 9], "worker-1": [0.5, 0.1, 9]})[0] is None  # < 1 ms.
+  name, ratio = straggler({f"worker-{i}": [1.0, 10.0, 5.0] for i in range(3)} |
+                          {"worker-3": [30.0, 10.0, 0.0]})
+  assert name == "worker-3" and ratio == pytest.approx(40 / 11)
+  stragglers = Stragglers()
+  stragglers.line({"worker-0": [0, 5, 60], "worker-1": [55, 5, 2]})
+  line, _, named = stragglers.line({"worker-0": [0, 5, 60], "worker-1": [55, 5, 2]})
+  assert named and line.endswith("chronic: 2 of 2 epochs")
 
 
 def test_the_launchers_events_are_text_summaries_of_the_run(runs):
@@ -110,6 +150,12 @@ def test_parameter_server_runs_log_the_chiefs_curves(runs):
   assert sorted(p.name for p in run.iterdir()) == ["launcher", "plugins", "train", "validation"]
   train, files = scalars(run / "train")
   assert len(files["epoch_loss"]) == 1 and [s for s, _ in train["epoch_loss"]] == [0, 1, 2]
+  # Every step of each 16-step epoch done by one of the two workers, none retried.
+  done = [a + b for (_, a), (_, b) in zip(train["worker_steps/worker-0"],
+                                          train["worker_steps/worker-1"])]
+  assert done == [16, 16, 16]
+  assert [value for _, value in train["epoch_retried_steps"]] == [0, 0, 0]
+  assert all(0 < value < 1000 for _, value in train["epoch_ps_round_trip_ms"])
 
 
 class StopAfter(keras.callbacks.Callback):

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
+from tfdist.monitoring import step_times
 
 
 def run_dir(config: Config, environ=os.environ) -> str:
@@ -38,9 +39,10 @@ def run_dir(config: Config, environ=os.environ) -> str:
 
 
 def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | None,
-              global_batch: int | None) -> list:
+              global_batch: int | None, clock: step_times.StepClock | None = None) -> list:
   """The TensorBoard callbacks of this task: the chief's Keras curves and its throughput, or
-  another task's throughput alone; none without `tensorboard.log_dir`."""
+  another task's throughput alone; none without `tensorboard.log_dir`. With the `clock` timing
+  this task's steps, also where its step time goes and (on the chief) the straggler."""
   if not config.tensorboard.log_dir:
     return []
   run = run_dir(config)
@@ -50,12 +52,21 @@ def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | 
     profile = ()
   throughput = Throughput(run if chief else os.path.join(run, task_name(config)),
                           "train" if chief else "", global_batch, profile=profile,
-                          replicas=strategy.num_replicas_in_sync if chief else 0)
+                          replicas=strategy.num_replicas_in_sync if chief else 0,
+                          step_times=clock and step_times.StepTimes(clock, strategy, task_name(config),
+                                                                   chief))
   if not chief:
     return [throughput]
   curves = ClusterTensorBoard(run, update_freq=config.tensorboard.update_freq,
                               first_step=first_epoch * (epoch_steps or 0), epoch_steps=epoch_steps)
   return [curves, throughput]
+
+
+def scalars_sink(callbacks: list):
+  """A function of (epoch, {tag: value}) adding scalars to the chief's throughput callback
+  among `callbacks`, written at that epoch's end; None when there is none."""
+  throughput = [c for c in callbacks if isinstance(c, Throughput) and c.replicas]
+  return (lambda epoch, scalars: throughput[0].extra.update(scalars)) if throughput else None
 
 
 class ClusterTensorBoard(keras.callbacks.TensorBoard):
@@ -94,12 +105,15 @@ class Throughput(keras.callbacks.Callback):
     global_batch: examples per step, for examples/s (None: steps/s alone).
     profile: (first, last) batches to profile, 1-based; empty for none.
     replicas: the replicas in sync, for FLOP/s and MFU; 0 writes neither.
+    step_times: writes where this task's step time goes (and the straggler, on the chief).
   """
 
   def __init__(self, directory: str, subdirectory: str, global_batch: int | None,
-               profile: tuple = (), replicas: int = 0):
+               profile: tuple = (), replicas: int = 0,
+               step_times: step_times.StepTimes | None = None):
     super().__init__()
     self.directory, self.global_batch, self.profile = directory, global_batch, profile
+    self.step_times, self.extra = step_times, {}
     self.replicas, self._peak = replicas, None
     self._writer = tf.summary.create_file_writer(os.path.join(directory, subdirectory))
     self._steps, self._started, self._profiling = 0, 0.0, False
@@ -110,6 +124,8 @@ class Throughput(keras.callbacks.Callback):
 
   def on_epoch_begin(self, epoch, logs=None):
     self._steps, self._started = 0, time.perf_counter()
+    if self.step_times:
+      self.step_times.reset()  # Not the build's or the validation's time.
 
   def on_train_batch_begin(self, batch, logs=None):
     # A call runs steps batch+1 .. batch+steps_per_execution (1-based): profile the first call
@@ -136,6 +152,11 @@ class Throughput(keras.callbacks.Callback):
           flops = 6 * sum(int(w.numpy().size) for w in self.model.trainable_weights) * examples
           tf.summary.scalar("epoch_flops_per_second", flops, step=epoch)
           tf.summary.scalar("epoch_mfu", flops / (self.replicas * self._peak), step=epoch)
+      if self.step_times:
+        self.step_times.write(epoch)
+      for tag, value in self.extra.items():  # Scalars the training loop measured.
+        tf.summary.scalar(tag, value, step=epoch)
+    self.extra = {}
     self._writer.flush()
 
   def on_train_end(self, logs=None):

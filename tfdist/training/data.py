@@ -46,7 +46,7 @@ def is_dataset_fn(data: Any) -> bool:
 
 def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool = False,
                  seed: int | None = None, first_epoch: int = 0, epochs: int | None = None,
-                 name: str = "x"):
+                 name: str = "x", then=None):
   """Returns what Keras's fit/evaluate/predict should receive for `x` (and `y`).
 
   Args:
@@ -62,14 +62,17 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     first_epoch: the epoch a resumed training starts at.
     epochs: the epoch training ends before.
     name: the argument's name, for errors.
+    then: a last transformation of the (per-worker) `tf.data.Dataset`, before the strategy
+      distributes it.
 
   Raises:
     DataError: the input is of no supported kind, or numpy input has no batch size.
   """
   if x is None:
     return None
+  then = then or (lambda dataset: dataset)
   if is_dataset_fn(x):
-    return strategy.distribute_datasets_from_function(x)
+    return strategy.distribute_datasets_from_function(lambda context: then(x(context)))
   if isinstance(x, tf.distribute.DistributedDataset):
     return x
   if is_generator(x):
@@ -79,7 +82,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
                       f"Received: y of type {type(y).__name__}")
     require_batched_by(x, batch_size, name)
-    return _with_shard_policy(x)
+    return then(_with_shard_policy(x))
   if is_arrays(x):
     require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y)
@@ -90,7 +93,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     else:
       dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    return _with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA)
+    return then(_with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA))
   raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, or a function of a "
                   f"tf.distribute.InputContext. Received: {type(x).__name__}")
 

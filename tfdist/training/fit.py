@@ -87,10 +87,14 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
         train_data, global_batch, strategy.num_replicas_in_sync)
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
   asynchronous = config.strategy.name == "parameter_server"
+  from tfdist.monitoring import step_times, tensorboard
+  clock = None if asynchronous or not config.tensorboard.log_dir else step_times.StepClock()
+  if clock:
+    clock.time_all_reduce(getattr(model.optimizer, "inner_optimizer", model.optimizer))
   train = None if asynchronous else data.make_dataset(
       train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
-      name="train_data")
+      name="train_data", then=clock and clock.stamped)
   epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
   # Never more steps per call than an epoch has: the progress bar would count past the end.
   model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
@@ -111,10 +115,9 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
                                          updates=epoch_steps * epochs,
                                          updates_per_epoch=epoch_steps))
-  from tfdist.monitoring import tensorboard
   callbacks = list(callbacks or []) + tensorboard.callbacks(
       config, strategy, first_epoch=first_epoch, epoch_steps=epoch_steps,
-      global_batch=global_batch)
+      global_batch=global_batch, clock=clock)
   with user_files.chief_only(callbacks, config) as callbacks:
     if asynchronous:
       from tfdist.training import parameter_server
@@ -123,10 +126,11 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
           initial_epoch=first_epoch, steps_per_epoch=steps_per_epoch,
           steps_per_execution=model.steps_per_execution,
           validation=_validation(validation_data, None, global_batch),
-          callbacks=files + callbacks, source=config.source, **_ps_kwargs(fit_kwargs, config))
+          callbacks=files + callbacks, source=config.source,
+          report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, config))
     else:
       validation = _validation(validation_data, strategy, global_batch)
-      with keras_fixes.fixed_for(model, strategy, steps_per_epoch), \
+      with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock), \
           data.empty_batches_explained("train_data"):
         history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             validation_data=validation, callbacks=files + callbacks,
@@ -253,9 +257,9 @@ def _ps_kwargs(fit_kwargs: Mapping[str, Any], config: Config) -> dict:
   """The `Model.fit` arguments tfdist's parameter-server loop takes (verbose)."""
   unsupported = sorted(set(fit_kwargs) - {"verbose"})
   if unsupported:
-    raise ConfigError(f"is not supported under parameter_server (tfdist's coordinator loop "
-                      f"takes batch_size, epochs, steps_per_epoch, validation_data, callbacks "
-                      f"and verbose)", key=unsupported[0], received=fit_kwargs[unsupported[0]],
+    raise ConfigError("is not supported under parameter_server (tfdist's coordinator loop "
+                      "takes batch_size, epochs, steps_per_epoch, validation_data, callbacks "
+                      "and verbose)", key=unsupported[0], received=fit_kwargs[unsupported[0]],
                       source=config.source)
   return dict(fit_kwargs)
 

@@ -14,7 +14,6 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
-from tfdist.training import compression
 
 # Versions known to need the fixes; raise the bound once a test shows a newer one still does.
 _BROKEN = (3, 0) <= tuple(int(p) for p in keras.version().split(".")[:2]) < (3, 16)
@@ -42,30 +41,38 @@ def _mirrors(strategy) -> bool:
 
 
 @contextlib.contextmanager
-def fixed_for(model, strategy, steps_per_epoch: int | None = None):
+def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
-  `steps_per_epoch` is the fit's, when it passes one to Keras."""
+  `steps_per_epoch` is the fit's, when it passes one to Keras; `clock` (a
+  `monitoring.step_times.StepClock`) times each training step of stamped batches."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
   if _BROKEN and _replicated(strategy) and getattr(optimizer, "gradient_accumulation_steps", None):
     # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
     # point) inside a cond, which tf.distribute refuses.
     optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
                                                           optimizer)
-  if _BROKEN and model.steps_per_execution > 1 and (_mirrors(strategy) or steps_per_epoch):
+  if clock is not None or (_BROKEN and model.steps_per_execution > 1 and
+                           (_mirrors(strategy) or steps_per_epoch)):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
     # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
     # whatever is left of the epoch: it eats the next epoch's batches.
     model._make_function = types.MethodType(
-        lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch), model)
-  if _BROKEN and _central_storage(strategy):
-    model._maybe_symbolic_build = types.MethodType(_build_with_summed_metric_deltas, model)
-  if not (_BROKEN and in_multi_worker_mode(strategy)):
+        lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock),
+        model)
+  multi_worker = _BROKEN and in_multi_worker_mode(strategy)
+  # keras-team/keras#20585: the symbolic build reduces the nested (x, y) PerReplica batch with
+  # strategy.reduce, which accepts no nesting: build from the first local replica's tensors
+  # (and from the batch without its timestamp).
+  if multi_worker or clock is not None or (_BROKEN and _central_storage(strategy)):
+    model._maybe_symbolic_build = types.MethodType(
+        lambda self, iterator=None, data_batch=None: _build(
+            self, iterator, data_batch, stamped=clock is not None,
+            local_replica=multi_worker or clock is not None,
+            summed_deltas=_BROKEN and _central_storage(strategy)), model)
+  if not multi_worker:
     yield
     return
-  # keras-team/keras#20585: the symbolic build reduces the nested (x, y) PerReplica batch with
-  # strategy.reduce, which accepts no nesting. Build from the first local replica's tensors.
-  model._maybe_symbolic_build = types.MethodType(_build_from_local_replica, model)
   # keras-team/keras#20585: reduce_per_replica reduces rank-0 losses with axis=0. Use axis=None.
   original = tf_trainer.reduce_per_replica
   tf_trainer.reduce_per_replica = lambda values, strategy, reduction: _reduce_scalars_whole(
@@ -76,18 +83,24 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None):
     tf_trainer.reduce_per_replica = original
 
 
-def _build_from_local_replica(self, iterator=None, data_batch=None):
-  if iterator is not None:
+def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
+           summed_deltas: bool):
+  if iterator is None or not (stamped or local_replica):
+    type(self)._maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+  elif self._distribute_strategy is not None:  # Else Keras builds when it traces.
     for _, _, it in iterator:
-      data_batch = tf.nest.map_structure(
-          lambda v: self.distribute_strategy.experimental_local_results(v)[0], next(it))
+      data_batch = next(it)
       break
-  with self.distribute_strategy.scope():
-    self._symbolic_build(data_batch=data_batch)
+    data_batch = tf.nest.map_structure(
+        lambda v: self.distribute_strategy.experimental_local_results(v)[0],
+        data_batch[0] if stamped else data_batch)
+    with self.distribute_strategy.scope():
+      self._symbolic_build(data_batch=data_batch)
+  if summed_deltas:
+    _sum_metric_deltas(self)
 
 
-def _build_with_summed_metric_deltas(self, iterator=None, data_batch=None):
-  type(self)._maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+def _sum_metric_deltas(self):
   # keras-team/keras#21054: Keras's assign_add is assign(self + delta). Under CentralStorage a
   # metric variable is an AggregatingVariable(SUM), which sums the replicas' assigned values
   # (old total counted once per replica). TensorFlow's own assign_add sums the deltas.
@@ -108,29 +121,35 @@ def _reduce_scalars_whole(original, values, strategy, reduction):
   return tf.nest.map_structure(reduce, values)
 
 
-def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None):
+def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, clock=None):
   """Keras's `_make_function` with the step inlined in one `tf.function` looping up to
   `steps_per_execution` steps while data remain, never past the end of an epoch of
-  `steps_per_epoch` steps (for the training function); returns the last step's outputs."""
+  `steps_per_epoch` steps (for the training function); returns the last step's outputs. With a
+  `clock`, each training step is timed from the moment it asks for its (stamped) batch."""
   one_step = getattr(type(self), "_make_function")(self, step_function)  # Keras's own.
   strategy = self.distribute_strategy
+  training = step_function == self.train_step
+  timed = clock.timed(step_function) if training and clock is not None else None
 
-  def one_step_on_data(data):
-    return tf_trainer.reduce_per_replica(strategy.run(step_function, args=(data,)), strategy,
-                                         reduction="auto")
-
+  def one_step_on_data(data, requested_at):
+    outputs = (strategy.run(step_function, args=(data,)) if timed is None else
+               strategy.run(timed, args=(data, requested_at)))
+    return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
   @tf.function(reduce_retracing=True)
   def steps_on_iterator(iterator, steps):
-    outputs = one_step_on_data(iterator.get_next())  # OutOfRange ends the epoch, as in Keras.
+    requested_at = tf.timestamp()
+    # OutOfRange ends the epoch, as in Keras.
+    outputs = one_step_on_data(iterator.get_next(), requested_at)
     for _ in tf.range(steps - 1):
+      with tf.control_dependencies(tf.nest.flatten(outputs)):
+        requested_at = tf.timestamp()
       data = iterator.get_next_as_optional()
       if not data.has_value():
         break
-      outputs = one_step_on_data(data.get_value())
+      outputs = one_step_on_data(data.get_value(), requested_at)
     return outputs
 
-  training = step_function == self.train_step
   done_in_epoch = [0]  # Keras calls the function ceil(steps_per_epoch / steps) times an epoch.
 
   def function(iterator):
@@ -157,7 +176,8 @@ def _accumulate_with_syncs_outside_cond(self, grads, trainable_variables):
                   for v in trainable_variables]
   variables = [v.value for v in trainable_variables]
   context = tf.distribute.get_replica_context()
-  reduced = compression.reduce_sum(grads, getattr(self, "_tfdist_all_reduce_dtype", None))
+  # Keras's all-reduce, or tfdist's compressed or timed one.
+  reduced = [g for g, _ in self._all_reduce_sum_gradients(list(zip(grads, variables)))]
   averaged = self._clip_gradients([(g + a) / steps for g, a in zip(reduced, accumulators)])
   learning_rate = self.learning_rate
   is_update_step = (self._iterations + 1) % steps == 0

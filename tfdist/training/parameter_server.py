@@ -20,7 +20,7 @@ from tfdist.training import data, keras_fixes
 
 def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
         initial_epoch: int, steps_per_epoch: int | None, steps_per_execution: int,
-        validation, callbacks, verbose="auto", source: str | None = None):
+        validation, callbacks, verbose="auto", source: str | None = None, report=None):
   """Trains `model` (built and compiled in `strategy`'s scope) with a ClusterCoordinator.
 
   Args:
@@ -37,6 +37,10 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
     callbacks: Keras callbacks.
     verbose: as for `Model.fit`.
     source: the config's source, for errors.
+    report: called with (epoch, scalars) before the callbacks' epoch end: `worker_steps/<task>`
+      (steps each worker completed), `epoch_retried_steps` (steps run again after a worker
+      failed, counted on the ps) and `epoch_ps_round_trip_ms` (the median of 5 reads of a
+      variable on the ps from the chief).
 
   Returns:
     The Keras `History`.
@@ -55,7 +59,11 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
   keras_fixes.count_every_update(model)
   iterator = iter(coordinator.create_per_worker_dataset(
       _worker_dataset(train_data, y, strategy, batch_size)))
-  train_function = _train_function(model, strategy)
+  with strategy.scope():  # On a ps: every attempt of a call adds its steps, retries included.
+    attempted = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_attempted_steps")
+  workers = strategy.extended._num_workers  # No public count; the resolver's is the same.
+  tokens = _WorkerTokens(coordinator)
+  train_function = _train_function(model, strategy, attempted)
   evaluate = _evaluate_function(model) if validation is not None else None
 
   callbacks = keras.callbacks.CallbackList(
@@ -67,16 +75,26 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
   for epoch in range(initial_epoch, epochs):
     model.reset_metrics()
     callbacks.on_epoch_begin(epoch)
-    calls = []
+    calls, done = [], [0] * workers
+    attempted_before = int(attempted.numpy())
     for first in range(0, steps_per_epoch, steps_per_execution):
       steps = min(steps_per_execution, steps_per_epoch - first)
-      calls.append((first + steps - 1, coordinator.schedule(
-          train_function, args=(iterator, tf.constant(steps, tf.int32)))))
-    for last_step, call in calls:  # In order, as each finishes: the progress bar moves.
+      calls.append((first + steps - 1, steps, coordinator.schedule(
+          train_function, args=(iterator, tf.constant(steps, tf.int32), tokens.values))))
+    for last_step, steps, call in calls:  # In order, as each finishes: the progress bar moves.
       callbacks.on_train_batch_begin(last_step)
-      callbacks.on_train_batch_end(last_step, _fetch(call, logs))
+      batch_logs, token = _fetch(call, logs)
+      worker = None if token is None else tokens.worker(token)
+      if worker is not None:
+        done[worker] += steps
+      callbacks.on_train_batch_end(last_step, batch_logs)
     coordinator.join()  # Raises a call's error (a ps that died); a worker's is retried.
     logs = _floats(model.get_metrics_result())  # The whole epoch's, over every worker.
+    if report is not None:
+      retried = int(attempted.numpy()) - attempted_before - steps_per_epoch
+      report(epoch, {**{f"worker_steps/worker-{i}": n for i, n in enumerate(done)},
+                     "epoch_retried_steps": max(retried, 0),
+                     "epoch_ps_round_trip_ms": _round_trip_ms(attempted)})
     if evaluate is not None:
       model.reset_metrics()
       logs.update({f"val_{k}": v for k, v in evaluate(validation).items()})
@@ -87,26 +105,63 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
   return model.history
 
 
-def _fetch(call, previous: dict) -> dict:
-  """A call's logs (the running metrics); `previous` when the worker holding them died after
-  the call finished (its steps are done; the coordinator reports real failures at `join`)."""
+def _fetch(call, previous: dict) -> tuple[dict, int | None]:
+  """A call's logs (the running metrics) and the token of the worker that ran it; `previous`
+  and None when the worker holding them died after the call finished (its steps are done; the
+  coordinator reports real failures at `join`)."""
   try:
-    return _floats(call.fetch())
+    logs, token = call.fetch()
+    return _floats(logs), int(token)
   except tf.errors.UnavailableError:
-    return previous
+    return previous, None
+
+
+class _WorkerTokens:
+  """Tells which worker ran a scheduled call.
+
+  No public API tells a scheduled function its worker. Each worker draws a random token into a
+  per-worker resource (the coordinator's private per-worker resources, which TensorFlow's own
+  per-worker datasets use); a call returns its worker's token, and the chief maps tokens to
+  workers by fetching the per-worker values, in worker order (again after a worker restarts
+  and draws anew).
+  """
+
+  def __init__(self, coordinator):
+    self.coordinator = coordinator
+    self.values = coordinator._create_per_worker_resources(tf.function(
+        lambda: tf.random.uniform([], maxval=2 ** 62, dtype=tf.int64)))
+    self.workers = {}
+
+  def worker(self, token) -> int | None:
+    token = int(token)
+    if token not in self.workers:
+      fetched = self.coordinator.fetch(self.values._values)  # A tuple, in worker order.
+      self.workers = {int(t): i for i, t in enumerate(fetched)}
+    return self.workers.get(token)
+
+
+def _round_trip_ms(variable, reads: int = 5) -> float:
+  """The median time of reading `variable` (on a ps) from the chief, in ms."""
+  times = []
+  for _ in range(reads):
+    start = time.perf_counter()
+    variable.numpy()
+    times.append(1000 * (time.perf_counter() - start))
+  return sorted(times)[reads // 2]
 
 
 def _floats(logs) -> dict:
   return {k: float(v) for k, v in logs.items()}
 
 
-def _train_function(model, strategy):
+def _train_function(model, strategy, attempted):
   @tf.function
-  def train(iterator, steps):
+  def train(iterator, steps, token):
+    attempted.assign_add(tf.cast(steps, tf.int64))
     logs = strategy.run(model.train_step, args=(next(iterator),))
     for _ in tf.range(steps - 1):
       logs = strategy.run(model.train_step, args=(next(iterator),))
-    return logs
+    return logs, token
   return train
 
 
