@@ -24,7 +24,8 @@ import yaml
 from tfdist.config import rules
 from tfdist.config.schema import (JOBS, STRATEGIES, STRATEGY_OPTIONS, CheckpointConfig,
                                   ClusterConfig, Config, DevicesConfig, StrategyConfig,
-                                  TaskConfig, TensorBoardConfig, TrainingConfig)
+                                  TaskConfig, TensorBoardConfig, TrainingConfig,
+                                  ParallelConfig)
 from tfdist.config.tf_config import parse_tf_config, split_address
 from tfdist.errors import ConfigError
 
@@ -41,7 +42,8 @@ makes the strategy at once (`tfdist.strategy.startup`)."""
 
 _SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
              "devices": DevicesConfig, "training": TrainingConfig,
-             "checkpoint": CheckpointConfig, "tensorboard": TensorBoardConfig}
+             "checkpoint": CheckpointConfig, "tensorboard": TensorBoardConfig,
+             "parallel": ParallelConfig}
 # Keys TensorFlow's own TF_CONFIG documents carry beside cluster and task.
 _TF_CONFIG_EXTRAS = ("environment", "rpc_layer")
 _BOOLEAN_HINT = ("YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the value")
@@ -360,7 +362,7 @@ def config_to_dict(config: Config) -> dict:
     document["task"] = {"type": config.task.type, "index": config.task.index}
   document["strategy"] = {"name": config.strategy.name,
                           **_plain(dataclasses.asdict(config.strategy.options))}
-  for section in ("devices", "training", "checkpoint", "tensorboard"):
+  for section in ("devices", "training", "checkpoint", "tensorboard", "parallel"):
     document[section] = _plain(dataclasses.asdict(getattr(config, section)))
   return document
 

@@ -45,6 +45,7 @@ def check(config: Config) -> None:
     _check_task(config)
     _check_strategy(config)
     _check_training(config)
+    _check_parallel(config)
   except ConfigError as e:
     raise e.from_source(config.source) from None
 
@@ -127,3 +128,22 @@ def _check_training(config: Config) -> None:
     raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
                       key="training.per_replica_batch_size",
                       received=training.per_replica_batch_size)
+
+
+def _check_parallel(config: Config) -> None:
+  if not config.parallel.enabled:
+    return
+  if config.strategy.name != "default":
+    raise ConfigError("needs strategy default: a data-parallel strategy mirrors every variable "
+                      "onto each of its devices, undoing the split (data parallelism across "
+                      "workers with a split model is not built yet)", key="parallel.stages",
+                      received=f"strategy {config.strategy.name}")
+  if config.training.jit_compile:
+    raise ConfigError("must be false with parallel.stages: XLA compiles for one device and "
+                      "cannot reach variables on another", key="training.jit_compile",
+                      received=True)
+  if config.training.gradient_accumulation_steps > 1:
+    raise ConfigError("must be 1 with parallel.stages: use parallel.microbatches, which sums "
+                      "the micro-batches' gradients before one update",
+                      key="training.gradient_accumulation_steps",
+                      received=config.training.gradient_accumulation_steps)

@@ -291,6 +291,38 @@ class TensorBoardConfig:
   profile_every_task: bool = False
 
 
+def _valid_stages(value) -> bool:
+  if value == "balanced":
+    return True
+  if isinstance(value, Mapping):
+    return all(isinstance(k, (str, int)) and isinstance(v, str) for k, v in value.items())
+  return isinstance(value, (list, tuple)) and all(
+      isinstance(stage, (list, tuple)) and stage and
+      all(isinstance(item, (str, int)) and not isinstance(item, bool) for item in stage)
+      for stage in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+  """One model split over this process's devices (`tfdist.parallel`).
+
+  Attributes:
+    stages: "balanced" (contiguous stages of even parameter counts), a list per device of
+      layer names or indices, or a map of layer names to devices; None splits nothing.
+    devices: the stages' devices, in order; empty: this process's GPUs, else its CPUs.
+    microbatches: parts each batch is split into, run as a pipeline (GPipe).
+  """
+  stages: Any = _field(None, rule(_valid_stages, 'must be "balanced", a list of stages (lists '
+                                  "of layer names or indices) or a map of layer names to "
+                                  "devices"))
+  devices: tuple[str, ...] = ()
+  microbatches: int = _field(1, _POSITIVE)
+
+  @property
+  def enabled(self) -> bool:
+    return self.stages is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """A whole tfdist config: one YAML file, or a TF_CONFIG document.
@@ -303,6 +335,7 @@ class Config:
     training: batch sizes and speed knobs.
     checkpoint: checkpoint settings.
     tensorboard: TensorBoard settings.
+    parallel: a model split over devices.
     source: where the config came from (a path, `TF_CONFIG`, `<dict>`), for messages.
   """
   cluster: ClusterConfig = ClusterConfig()
@@ -312,4 +345,5 @@ class Config:
   training: TrainingConfig = TrainingConfig()
   checkpoint: CheckpointConfig = CheckpointConfig()
   tensorboard: TensorBoardConfig = TensorBoardConfig()
+  parallel: ParallelConfig = ParallelConfig()
   source: str | None = dataclasses.field(default=None, compare=False)

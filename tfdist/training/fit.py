@@ -63,6 +63,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   ```
   """
   config = as_config(config)
+  _refuse_keras_distribution()
   evaluator = config.task is not None and config.task.type == "evaluator"
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   from tfdist.training import checkpoints, data, keras_fixes, report, user_files
@@ -144,7 +145,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
 def _build(model_fn, compile, strategy, config: Config):
   """The model built and compiled in the strategy's scope, with tfdist's speed knobs; returns
   it, its dtype policy and the name of the optimizer whose update is fused (or None)."""
-  from tfdist.training import fused_updates, precision
+  from tfdist.training import fused_updates, precision, report
 
   training = config.training
   with strategy.scope():
@@ -168,6 +169,12 @@ def _build(model_fn, compile, strategy, config: Config):
       compression.install(optimizer, compressed)
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
+    if config.parallel.enabled:
+      from tfdist.parallel.split import describe, split
+      split(model, config.parallel.stages, devices=config.parallel.devices or None,
+            microbatches=config.parallel.microbatches)
+      if is_chief(config):
+        report.say(describe(model.tfdist_placement, config.parallel.microbatches))
   return model, policy, type(optimizer).__name__ if fused else None
 
 
@@ -212,6 +219,17 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
   dataset = data.make_dataset(x, strategy=strategy, batch_size=batch_size)
   with keras_fixes.fixed_for(model, strategy):
     return model.predict(dataset, **predict_kwargs)
+
+
+def _refuse_keras_distribution() -> None:
+  import keras
+  chosen = keras.distribution.distribution()
+  if chosen is not None:
+    raise ConfigError("is a no-op on the TensorFlow backend: Keras places every weight, full "
+                      "size, on one device (keras-team/keras#18473); split the model with the "
+                      "config's parallel: section or tfdist.parallel.split, and unset it with "
+                      "keras.distribution.set_distribution(None)",
+                      key="keras.distribution", received=type(chosen).__name__)
 
 
 def _is_parameter_server(strategy) -> bool:

@@ -1,0 +1,197 @@
+"""A model split over devices (tfdist.parallel) on 2 logical CPUs in this process, and on 4 in a
+launched user script: where variables, slots and ops are placed, and equality with the unsplit
+model after training, with and without micro-batches; tensor-parallel Dense against Dense; the
+refusals."""
+
+import json
+import re
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import PROGRAMS
+from tests.launching import finish, start_launch
+from tfdist.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+CPU0, CPU1 = "/job:localhost/replica:0/task:0/device:CPU:0", \
+    "/job:localhost/replica:0/task:0/device:CPU:1"
+rng = np.random.default_rng(0)
+X, Y = rng.random((96, 8), dtype=np.float32), rng.random((96, 3), dtype=np.float32)
+
+
+def sequential(optimizer="adam"):
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="a"),
+                            keras.layers.Dropout(0.0, name="drop"),
+                            keras.layers.Dense(16, activation="tanh", name="b"),
+                            keras.layers.Dense(3, name="c")])
+  model.compile(keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": 0.01}}),
+                "mse", metrics=["mae"])
+  return model
+
+
+def functional():
+  keras.utils.set_random_seed(3)
+  inputs = keras.Input((8,))
+  left = keras.layers.Dense(8, activation="relu", name="left")(inputs)
+  right = keras.layers.Dense(8, activation="relu", name="right")(inputs)
+  joined = keras.layers.Concatenate(name="join")([left, right])
+  outputs = keras.layers.Dense(3, name="out")(joined)
+  model = keras.Model(inputs, outputs)
+  model.compile(keras.optimizers.Adam(0.01), "mse")
+  return model
+
+
+class Subclassed(keras.Model):
+  def __init__(self):
+    super().__init__()
+    self.first = keras.layers.Dense(16, activation="relu")
+    self.second = keras.layers.Dense(3)
+
+  def call(self, x):
+    return self.second(self.first(x))
+
+
+def subclassed():
+  keras.utils.set_random_seed(3)
+  model = Subclassed()
+  model(X[:1])  # Built in model_fn, as tfdist.parallel.split requires.
+  model.compile(keras.optimizers.Adam(0.01), "mse")
+  return model
+
+
+def trained(model):
+  model.fit(X, Y, batch_size=24, epochs=3, shuffle=False, verbose=0)
+  return model
+
+
+def split(model, stages, microbatches=1):
+  from tfdist.parallel.split import split as split_model
+  return split_model(model, stages, devices=["/device:CPU:0", "/device:CPU:1"],
+                     microbatches=microbatches)
+
+
+def largest_difference(a, b):
+  return max(float(np.abs(x - y).max()) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_variables_and_optimizer_slots_live_on_their_stages_device(optimizer):
+  model = trained(split(sequential(optimizer), [["a", "drop"], ["b", "c"]]))
+  stage = {"a": CPU0, "b": CPU1, "c": CPU1}
+  for layer in ("a", "b", "c"):
+    assert {w.value.device for w in model.get_layer(layer).weights} == {stage[layer]}
+  slots = [v for v in model.optimizer.variables if "_kernel_" in v.path or "_bias_" in v.path]
+  assert slots or optimizer == "sgd"
+  for slot in slots:
+    layer = re.search(r"_([abc])_(kernel|bias)_", slot.path).group(1)
+    assert slot.value.device == stage[layer], slot.path
+
+
+def test_forward_and_gradient_ops_run_on_their_stages_device():
+  model = split(sequential("sgd"), [["a"], ["b", "c"]])
+  spec = (tf.TensorSpec([24, 8]), tf.TensorSpec([24, 3]))
+  graph = tf.function(lambda x, y: model.train_step((x, y))).get_concrete_function(*spec).graph
+  matmuls = {}
+  for op in graph.get_operations():
+    if op.type == "MatMul":
+      kind = "gradient" if "gradients" in op.name else "forward"
+      layer = "a" if re.search(r"/a(_\d+)?/", op.name) else "bc"
+      matmuls.setdefault((kind, layer), set()).add(op.device)
+  assert matmuls[("forward", "a")] == {"/device:CPU:0"}
+  assert matmuls[("forward", "bc")] == {"/device:CPU:1"}
+  assert matmuls[("gradient", "a")] == {"/device:CPU:0"}
+  assert matmuls[("gradient", "bc")] == {"/device:CPU:1"}
+
+
+@pytest.mark.parametrize("microbatches", [1, 4, 5])  # 24 / 5: micro-batches of 5 and 4.
+@pytest.mark.parametrize("make,stages", [(sequential, [["a"], ["b", "c"]]),
+                                         (functional, "balanced"),
+                                         (subclassed, [[0], [1]])])
+def test_a_split_model_trains_and_predicts_as_the_unsplit_one(make, stages, microbatches):
+  reference = trained(make())
+  model = trained(split(make(), stages, microbatches))
+  assert largest_difference(model, reference) < 1e-5
+  np.testing.assert_allclose(model.predict(X, batch_size=24, verbose=0),
+                             reference.predict(X, batch_size=24, verbose=0), atol=1e-5)
+
+
+def test_balanced_stages_even_out_the_parameters():
+  from tfdist.parallel.placement import assign, balanced_stages
+  assert balanced_stages([3, 3, 2, 2, 2], 2) == [0, 0, 1, 1, 1]
+  assert balanced_stages([1, 1], 4) == [0, 1]
+  model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, name="big"),
+                            keras.layers.Dense(8, name="s1"), keras.layers.Dense(8, name="s2")])
+  first, second = "/device:CPU:0", "/device:CPU:1"
+  assert assign(model, "balanced", ["CPU:0", "CPU:1"]) == {"big": first, "s1": second,
+                                                           "s2": second}
+  assert assign(model, {"s1": "/cpu:1"}, ["CPU:0"]) == {"big": first, "s1": second,
+                                                        "s2": second}
+
+
+def test_column_and_row_parallel_dense_equal_dense():
+  from tfdist.parallel.tensor import (ColumnParallelDense, RowParallelDense, column_parallel,
+                                      row_parallel)
+  devices = ["/device:CPU:0", "/device:CPU:1"]
+  dense = keras.layers.Dense(7, activation="relu")
+  dense.build((None, 8))
+  columns, rows = column_parallel(dense, devices), row_parallel(dense, devices)
+  assert [k.value.device for k in columns.kernels] == [CPU0, CPU1]
+  assert [tuple(k.shape) for k in rows.kernels] == [(4, 7), (4, 7)]
+  np.testing.assert_array_equal(columns(X), dense(X))
+  np.testing.assert_allclose(rows(X), dense(X), atol=1e-6)
+  inputs = keras.Input((8,))  # An MLP block: column-parallel then row-parallel, no gather.
+  hidden = ColumnParallelDense(12, devices, activation="relu", gather=False)(inputs)
+  model = keras.Model(inputs, RowParallelDense(3, devices)(hidden))
+  model.compile("adam", "mse")
+  before = model.evaluate(X, Y, verbose=0)
+  model.fit(X, Y, epochs=5, verbose=0)
+  assert model.evaluate(X, Y, verbose=0) < before
+
+
+@pytest.mark.parametrize("change,key", [
+    (lambda m: setattr(m, "jit_compile", True) or m, "jit_compile"),
+    (lambda m: m, "parallel.devices"),
+    (lambda m: m, "parallel.stages"),
+])
+def test_refusals_name_the_setting(change, key):
+  model = change(sequential())
+  devices = ["/device:CPU:0", "/device:GPU:3"] if key == "parallel.devices" else None
+  stages = [["c"], ["a"]] if key == "parallel.stages" else [["a"], ["b", "c"]]
+  from tfdist.parallel.split import split as split_model
+  with pytest.raises(ConfigError) as error:
+    split_model(model, stages, devices=devices or ["/device:CPU:0", "/device:CPU:1"])
+  assert str(error.value).startswith(key) or f" {key}:" in str(error.value), str(error.value)
+
+
+def test_keras_distribution_on_the_tensorflow_backend_is_refused():
+  import tfdist
+  keras.distribution.set_distribution(keras.distribution.DataParallel(devices=["cpu:0"]))
+  try:
+    with pytest.raises(ConfigError, match="keras.distribution: is a no-op on the TensorFlow"):
+      tfdist.fit(sequential, X, Y, config={"training": {"global_batch_size": 24}})
+  finally:
+    keras.distribution.set_distribution(None)
+
+
+def test_a_users_script_splits_its_model_from_the_config(tmp_path):
+  """The YAML's parallel: section under `tfdist launch`, on 4 logical CPUs: placement and
+  equality with plain Keras's unsplit training, in the launched process."""
+  config = tmp_path / "config.yaml"
+  config.write_text("devices: {logical_cpus: 4}\n"
+                    # Keras's own Adam update, as the plain-Keras reference uses.
+                    "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
+                    "fused_optimizer: false}\n"
+                    "parallel: {stages: balanced, microbatches: 4}\n")
+  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          str(PROGRAMS / "split_fit.py"), str(tmp_path / "result.json"))
+  output = finish(launcher, 180, [])
+  assert launcher.returncode == 0, output[-3000:]
+  assert "tfdist: model split into 4 stages (" in output and "4 micro-batches" in output
+  result = json.loads((tmp_path / "result.json").read_text())
+  assert result["difference"] < 1e-5
+  assert sorted(set(result["devices"].values())) == [f"CPU:{i}" for i in range(4)]

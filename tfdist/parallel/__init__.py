@@ -1,0 +1,1 @@
+"""Model parallelism: one model split over devices (placement, pipelining, tensor parallel)."""

@@ -1,0 +1,98 @@
+"""`tfdist.parallel.split`: one Keras model split over this process's devices.
+
+Each layer's variables and ops go to its stage's device, the optimizer's slots and updates
+with their variables, gradients with their forward ops; activations cross devices only where a
+stage ends. From YAML, `tfdist.fit` does the same for `model_fn`'s model:
+
+```yaml
+parallel:
+  stages: balanced            # or [[conv1, conv2], [lstm, dense]], or {lstm: /device:CPU:0}
+  devices: [/device:GPU:0, /device:GPU:1]   # default: this process's GPUs, else its CPUs
+  microbatches: 4             # GPipe: stages overlap on micro-batches
+```
+
+```python
+model = tfdist.parallel.split(model, [["dense", "dense_1"], ["dense_2"]],
+                              devices=["/device:GPU:0", "/device:GPU:1"], microbatches=4)
+model.fit(x, y)
+```
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+from tfdist.errors import ConfigError
+from tfdist.parallel import pipeline, placement
+
+
+def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = None,
+          microbatches: int = 1):
+  """Splits the built `model` over `devices`, in place, and returns it.
+
+  Args:
+    model: a built Keras model: Sequential, functional, or subclassed (built by calling it once
+      or `build`; its `layers` are its stages' units, in the order the data runs through).
+    stages: "balanced", a list per device of layer names or indices, or {layer name: device}.
+    devices: the devices, in stage order; default: this process's GPUs, else its CPUs.
+    microbatches: parts each batch is split into, run as a pipeline.
+
+  Raises:
+    ConfigError: `jit_compile=True` (XLA cannot reach variables on another device), an unknown
+      device or layer, stages out of order.
+  """
+  if model.jit_compile is True:
+    raise ConfigError("cannot be true on a model split over devices: XLA compiles for one "
+                      "device and cannot reach variables on another", key="jit_compile",
+                      received=True)
+  if not model.built:
+    raise ConfigError("a model must be built before it is split (call it on a batch or "
+                      "`model.build(input_shape)` in model_fn)", key="parallel",
+                      received=type(model).__name__)
+  if microbatches < 1:
+    raise ConfigError("must be 1 or greater", key="parallel.microbatches", received=microbatches)
+  devices = list(devices or placement.local_devices())
+  assignment = placement.assign(model, stages, devices)
+  placement.place(model, assignment)
+  model.jit_compile = False  # Keras's "auto" turns XLA on when a GPU is present.
+  last = placement.stage_devices(assignment)[-1]
+  model.train_step = functools.partial(pipeline.train_step, model, microbatches=microbatches,
+                                       last_device=last)
+  model.predict_step = functools.partial(pipeline.predict_step, model,
+                                         microbatches=microbatches)
+  model.tfdist_placement = assignment
+  if model.optimizer is not None:
+    _colocate(model)
+  compile = model.compile
+
+  @functools.wraps(compile)
+  def compile_colocated(*args, **kwargs):  # A model compiled after its split.
+    compile(*args, **kwargs)
+    model.jit_compile = False
+    _colocate(model)
+  model.compile = compile_colocated
+  return model
+
+
+def _colocate(model) -> None:
+  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+  if optimizer.built:
+    raise ConfigError("was built before the split, its slots on one device: split the model "
+                      "before its first step", key="optimizer", received=type(optimizer).__name__)
+  placement.colocate_optimizer_state(optimizer)
+
+
+def describe(assignment: dict, microbatches: int) -> str:
+  """The start-of-fit line of a split model. Pure.
+
+  >>> describe({"a": "/device:CPU:0", "b": "/device:CPU:0", "c": "/device:CPU:1"}, 4)
+  'tfdist: model split into 2 stages (a, b on CPU:0 | c on CPU:1), 4 micro-batches'
+  """
+  stages = {}
+  for layer, device in assignment.items():
+    stages.setdefault(device, []).append(layer)
+  parts = " | ".join(f"{', '.join(layers)} on {device.split('device:')[-1]}"
+                     for device, layers in stages.items())
+  return (f"tfdist: model split into {len(stages)} stage{'s' * (len(stages) != 1)} ({parts}), "
+          f"{microbatches} micro-batch{'es' * (microbatches != 1)}")
