@@ -195,3 +195,63 @@ def test_a_users_script_splits_its_model_from_the_config(tmp_path):
   result = json.loads((tmp_path / "result.json").read_text())
   assert result["difference"] < 1e-5
   assert sorted(set(result["devices"].values())) == [f"CPU:{i}" for i in range(4)]
+
+
+def cnn():
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(32, 3, name="conv"),
+                            keras.layers.Flatten(name="flat"), keras.layers.Dense(64, name="fc"),
+                            keras.layers.Dense(10, name="out")])
+  model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+  return model
+
+
+@pytest.mark.parametrize("make", [sequential, functional, cnn])
+def test_the_planners_bytes_per_device_match_the_variables_placed(make):
+  from tfdist.parallel import planner
+  from tfdist.parallel.split import split as split_model
+  model = make()
+  plan = planner.plan_memory(model, batch=8, devices=2)
+  model = split_model(model, "balanced", devices=["/device:CPU:0", "/device:CPU:1"])
+  x = np.zeros((8, *model.input_shape[1:]), np.float32)
+  model.fit(x, np.zeros((8, *model.output_shape[1:]), np.float32), verbose=0)  # Builds slots.
+  measured = {}
+  for variable in model.weights + model.optimizer.variables:
+    device = variable.value.device
+    measured[device] = measured.get(device, 0) + planner._bytes(variable)
+  estimated = [stage.variables for stage in plan["split"]]
+  assert len(estimated) == 2 and sorted(measured) == [CPU0, CPU1]
+  for estimate, device in zip(estimated, (CPU0, CPU1)):
+    assert abs(estimate - measured[device]) <= 0.1 * measured[device], (estimated, measured)
+  assert plan["data_parallel"].variables == sum(estimated)
+
+
+def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
+  import subprocess
+  from tests.launching import ENV
+  (tmp_path / "models.py").write_text(
+      "import keras\n"
+      "def mlp():\n"
+      "  model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024),\n"
+      "                            keras.layers.Dense(10)])\n"
+      "  model.compile('adam', 'mse')\n"
+      "  return model\n")
+  (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
+                                        "parallel: {stages: balanced}\n")
+  done = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+                         "models:mlp", "--batch", "64"], cwd=tmp_path, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.splitlines()
+  assert lines[0].startswith("Sequential of 814,090 parameters, global batch 64, 2 device(s)")
+  weights = 814090 * 4 / 2 ** 20
+  assert any(line.startswith("data parallel, each") and f"{weights:.2f} MiB" in line
+             and f"{2 * weights:.2f} MiB" in line for line in lines)  # Adam: 2 slots.
+  assert "data parallel: the whole model fits each device" in done.stdout
+  bad = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+                        "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=120)
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1] == ("tfdist plan: --model: must be module:function, "
+                                                 "the function that builds the model. "
+                                                 "Received: 'models'")

@@ -12,6 +12,7 @@ COMMAND_FLAGS = {
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
     "env": ("json",),
+    "plan": ("model", "batch"),
     "serve": ("task",),
     "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
                "namespace", "volume-claim"),
@@ -58,6 +59,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("tensorboard", False, "launch: start TensorBoard on the config's "
                     "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL.")
   flags.DEFINE_bool("json", False, "env: print the facts as one JSON object.")
+  flags.DEFINE_string("model", None, "plan: the function building the model, as "
+                      "module:function (the module imported from the current directory).")
+  flags.DEFINE_integer("batch", None, "plan: the global batch; default the config's.",
+                       lower_bound=1)
   flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "
                     "127.0.0.1.")
   flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "

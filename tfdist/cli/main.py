@@ -10,13 +10,13 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, env, export, launch, serve, tensorboard
+from tfdist.cli import check, env, export, launch, plan, serve, tensorboard
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
 COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
-            "tensorboard": tensorboard, "env": env}
+            "tensorboard": tensorboard, "env": env, "plan": plan}
 
 
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
@@ -26,7 +26,8 @@ HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML
         "  serve    run a worker or ps server of a parameter-server cluster\n"
         "  export   print an sbatch script or Kubernetes manifests for the cluster\n"
         "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n"
-        "  env      this machine's facts for a bug report; with a config, every task's\n\n"
+        "  env      this machine's facts for a bug report; with a config, every task's\n"
+        "  plan     memory per device under data parallelism and a split; what fits\n\n"
         "`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 

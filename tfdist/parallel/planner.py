@@ -1,0 +1,195 @@
+"""How much memory each device needs under each way of training a model, and which way fits.
+
+Per device, in bytes: weights, gradients (one per trainable weight), optimizer state (the
+optimizer's own slots, counted by building a copy of it on the model's variables), and
+activations kept for the backward pass (each layer's output for the device's batch). Data
+parallelism (mirrored, multi_worker_mirrored) holds everything on every device with the batch
+split; a split holds each stage's share with the whole batch going through.
+
+```python
+plan = plan_memory(model, batch=256, devices=2)
+print(render(plan, capacity=16 << 30))
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+  """Bytes one device holds. Attributes: weights, gradients, optimizer, activations."""
+  weights: int
+  gradients: int
+  optimizer: int
+  activations: int
+
+  @property
+  def variables(self) -> int:
+    """Weights and optimizer state: what `tf.Variable`s hold (measurable on any device)."""
+    return self.weights + self.optimizer
+
+  @property
+  def total(self) -> int:
+    return self.weights + self.gradients + self.optimizer + self.activations
+
+
+def layer_bytes(model, batch: int) -> list[dict]:
+  """Per layer of `model`: its name, weight, trainable and activation bytes (its output for
+  `batch` examples in the model's compute dtype)."""
+  rows = []
+  for layer in model.layers:
+    weights = sum(_bytes(w) for w in layer.weights)
+    trainable = sum(_bytes(w) for w in layer.trainable_weights)
+    outputs = getattr(layer, "output", None) if _has_output(layer) else None
+    width = sum(int(np.prod(o.shape[1:])) for o in _flat(outputs)) if outputs is not None else 0
+    itemsize = np.dtype(keras.backend.standardize_dtype(layer.compute_dtype)).itemsize
+    rows.append({"name": layer.name, "weights": weights, "trainable": trainable,
+                 "activations": width * batch * itemsize})
+  return rows
+
+
+def slots_per_weight(optimizer) -> float:
+  """The optimizer state's bytes per trainable weight byte, counted on a copy built on a small
+  variable (Adam: 2, SGD with momentum: 1, plain SGD: 0)."""
+  if optimizer is None:
+    return 0.0
+  copy = optimizer.__class__.from_config(optimizer.get_config())
+  probe = keras.Variable(np.zeros((4, 4), np.float32))
+  copy.build([probe])
+  state = sum(_bytes(v) for v in copy.variables if tuple(v.shape) == (4, 4))
+  return state / _bytes(probe)
+
+
+def plan_memory(model, batch: int, devices: int, stages: list[int] | None = None) -> dict:
+  """{"data_parallel": DeviceMemory per device, "split": [DeviceMemory per stage]}.
+
+  Args:
+    model: a built Keras model (its optimizer, when compiled, sets the state per weight).
+    batch: the global batch.
+    devices: the devices to train on.
+    stages: each layer's stage (default: `balanced_stages` of the weights over `devices`).
+  """
+  from tfdist.parallel.placement import balanced_stages
+
+  rows = layer_bytes(model, batch)
+  ratio = slots_per_weight(getattr(model, "optimizer", None))
+  stages = stages or balanced_stages([r["weights"] for r in rows], devices)
+
+  def memory(selected, share: float) -> DeviceMemory:
+    trainable = sum(r["trainable"] for r in selected)
+    return DeviceMemory(weights=sum(r["weights"] for r in selected), gradients=trainable,
+                        optimizer=int(round(trainable * ratio)),
+                        activations=int(sum(r["activations"] for r in selected) * share))
+  split = [memory([r for r, s in zip(rows, stages) if s == k], 1.0)
+           for k in range(max(stages) + 1)]
+  return {"data_parallel": memory(rows, 1.0 / devices), "split": split, "stages": stages,
+          "layers": [r["name"] for r in rows]}
+
+
+def recommend(plan: dict, capacity: int | None) -> str:
+  """Which way fits a device of `capacity` bytes (None: unknown). Pure."""
+  data, split = plan["data_parallel"], plan["split"]
+  if capacity is None:
+    return "device memory unknown: compare the totals with your devices"
+  if data.total <= capacity:
+    return "data parallel: the whole model fits each device (strategy mirrored or " \
+           "multi_worker_mirrored)"
+  if max(m.total for m in split) <= capacity:
+    return f"split into {len(split)} stages (parallel: {{stages: balanced}}); the whole model " \
+           "does not fit one device"
+  return "does not fit: more devices, a smaller batch, parallel.microbatches with fewer " \
+         "activations, or bfloat16"
+
+
+def render(plan: dict, capacity: int | None = None) -> str:
+  """The plan as a table, then the recommendation. Pure."""
+  lines = [f"{'':24}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'activations':>13}"
+           f"{'total':>12}"]
+
+  def row(name, m: DeviceMemory):
+    lines.append(f"{name:24}{_mib(m.weights):>12}{_mib(m.gradients):>12}"
+                 f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.total):>12}")
+  row("data parallel, each", plan["data_parallel"])
+  for k, m in enumerate(plan["split"]):
+    row(f"split, stage {k}", m)
+  lines.append(recommend(plan, capacity))
+  return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2 ** 20:.2f} MiB"
+
+
+def _bytes(variable) -> int:
+  return int(np.prod(variable.shape)) * np.dtype(keras.backend.standardize_dtype(
+      variable.dtype)).itemsize
+
+
+def _has_output(layer) -> bool:
+  try:
+    return layer.output is not None
+  except (AttributeError, ValueError):  # A subclassed model's layers have no symbolic output.
+    return False
+
+
+def _flat(outputs):
+  return outputs if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def device_capacity(device: str) -> int | None:
+  """Bytes of `device`: a GPU's from nvidia-smi (TensorFlow reports usage, not size), a CPU's
+  the machine's RAM (logical CPUs share it); None when unknown."""
+  import os
+  import shutil
+  import subprocess
+
+  if "GPU" in device.upper():
+    if not shutil.which("nvidia-smi"):
+      return None
+    index = device.rsplit(":", 1)[-1]
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,"
+                          "nounits", "-i", index], capture_output=True, text=True, check=False)
+    return int(out.stdout.strip()) << 20 if out.returncode == 0 and out.stdout.strip() else None
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def gpu_advice(model, batch: int, repeats: int = 10) -> str:
+  """Whether a GPU pays off for this model and batch: the measured time to copy a batch of
+  inputs to the GPU against a forward and backward pass there (written for GPUs; a machine
+  without one says so)."""
+  import time
+
+  import tensorflow as tf
+
+  if not tf.config.list_logical_devices("GPU"):
+    return "no GPU here: nothing to compare a host-to-device copy with"
+  shape = (batch, *model.input_shape[1:])
+  host = np.random.random(shape).astype(np.float32)
+
+  def timed(fn) -> float:
+    fn()  # Warm up (and trace).
+    start = time.perf_counter()
+    for _ in range(repeats):
+      fn()
+    return (time.perf_counter() - start) / repeats
+
+  with tf.device("/device:GPU:0"):
+    copy = timed(lambda: tf.identity(tf.constant(host)).numpy())
+    on_gpu = tf.constant(host)
+
+    @tf.function
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.cast(model(on_gpu, training=True), tf.float32))
+      return tape.gradient(loss, model.trainable_weights)
+    compute = timed(lambda: [g.numpy() for g in step() if g is not None])
+  verdict = ("the GPU would mostly wait for data: use a larger batch or a bigger model, keep the "
+             "data on the GPU, or train on the CPU" if copy > compute else
+             "the GPU pays off: a step outweighs the copy of its batch")
+  return (f"GPU: copying a batch of {batch} takes {1000 * copy:.2f} ms, a forward and backward "
+          f"pass {1000 * compute:.2f} ms: {verdict}")
