@@ -30,7 +30,21 @@ BAD_CONFIGS = [
      "'tag:yaml.org,2002:python/object/apply:os.system'\""),
     ("unknown_section", "strategies: mirrored\n", None, None,
      "{f}: strategies: unknown section; the sections are: cluster, task, strategy, devices, "
-     "training, checkpoint, tensorboard. Received: 'strategies'"),
+     "training, checkpoint, tensorboard, parallel. Received: 'strategies'"),
+    ("parallel_bad_stages", "parallel: {stages: halves}\n", None, None,
+     "{f}: parallel.stages: must be \"balanced\", a list of stages (lists of layer names or "
+     "indices) or a map of layer names to devices. Received: 'halves'"),
+    ("parallel_under_mirrored", "strategy: mirrored\nparallel: {stages: balanced}\n", None, None,
+     "{f}: parallel.stages: needs strategy default (one process) or multi_worker_mirrored (data "
+     "parallel across workers, each splitting its model): a strategy over several local devices "
+     "mirrors every variable onto each, undoing the split. Received: 'strategy mirrored'"),
+    ("parallel_with_compression", "cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, "
+     "gradient_compression: bfloat16}\nparallel: {stages: balanced}\n", None, None,
+     "{f}: strategy.gradient_compression: must be none with parallel.stages: a split model's "
+     "gradients are averaged across workers in their own dtype. Received: 'bfloat16'"),
+    ("parallel_with_jit", "training: {jit_compile: true}\nparallel: {stages: [[0], [1]]}\n", None,
+     None, "{f}: training.jit_compile: must be false with parallel.stages: XLA compiles for one "
+     "device and cannot reach variables on another. Received: True"),
     ("unknown_training_key", "training: {epoch: 3}\n", None, None,
      "{f}: training.epoch: unknown key; the keys here are: global_batch_size, "
      "per_replica_batch_size, epochs, steps_per_epoch, steps_per_execution, jit_compile, "

@@ -116,7 +116,8 @@ def test_a_split_model_trains_and_predicts_as_the_unsplit_one(make, stages, micr
   reference = trained(make())
   model = trained(split(make(), stages, microbatches))
   assert largest_difference(model, reference) < 1e-5
-  np.testing.assert_allclose(model.predict(X, batch_size=24, verbose=0),
+  import tfdist
+  np.testing.assert_allclose(tfdist.predict(model, X, batch_size=24, verbose=0),
                              reference.predict(X, batch_size=24, verbose=0), atol=1e-5)
 
 
@@ -158,7 +159,7 @@ def test_column_and_row_parallel_dense_equal_dense():
     (lambda m: m, "parallel.devices"),
     (lambda m: m, "parallel.stages"),
 ])
-def test_refusals_name_the_setting(change, key):
+def test_split_refusals_name_the_setting(change, key):
   model = change(sequential())
   devices = ["/device:CPU:0", "/device:GPU:3"] if key == "parallel.devices" else None
   stages = [["c"], ["a"]] if key == "parallel.stages" else [["a"], ["b", "c"]]
@@ -255,3 +256,37 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
   assert bad.stderr.strip().splitlines()[-1] == ("tfdist plan: --model: must be module:function, "
                                                  "the function that builds the model. "
                                                  "Received: 'models'")
+
+
+def test_two_workers_each_splitting_its_model_train_as_one_device(tmp_path):
+  """Hybrid: data parallel across 2 worker processes, each worker's model split over its own 2
+  logical CPUs, gradients averaged with TensorFlow's collectives; equal to one device."""
+  config = tmp_path / "config.yaml"
+  config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                    "devices: {logical_cpus: 2}\n"
+                    "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
+                    "fused_optimizer: false}\n"
+                    "parallel: {stages: balanced, microbatches: 2}\n")
+  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          str(PROGRAMS / "split_fit.py"), str(tmp_path / "result.json"))
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  assert "[worker-0] tfdist: model split into 2 stages (" in output
+  result = json.loads((tmp_path / "result.json").read_text())  # The chief's.
+  assert result["difference"] < 1e-5
+  assert sorted(set(result["devices"].values())) == ["CPU:0", "CPU:1"]
+
+
+def test_recomputed_activations_train_as_the_unsplit_model():
+  from tfdist.parallel.split import split as split_model
+
+  def matmuls(model):
+    spec = (tf.TensorSpec([24, 8]), tf.TensorSpec([24, 3]))
+    graph = tf.function(lambda x, y: model.train_step((x, y))).get_concrete_function(*spec).graph
+    return sum(op.type == "MatMul" for op in graph.get_operations())
+  devices = ["/device:CPU:0", "/device:CPU:1"]
+  kept = split_model(sequential("sgd"), [["a"], ["b", "c"]], devices=devices)
+  recomputed = split_model(sequential("sgd"), [["a"], ["b", "c"]], devices=devices,
+                           recompute=True)
+  assert matmuls(recomputed) == matmuls(kept) + 3  # Each Dense's forward matmul, again.
+  assert largest_difference(trained(recomputed), trained(sequential("sgd"))) < 1e-5

@@ -133,11 +133,16 @@ def _check_training(config: Config) -> None:
 def _check_parallel(config: Config) -> None:
   if not config.parallel.enabled:
     return
-  if config.strategy.name != "default":
-    raise ConfigError("needs strategy default: a data-parallel strategy mirrors every variable "
-                      "onto each of its devices, undoing the split (data parallelism across "
-                      "workers with a split model is not built yet)", key="parallel.stages",
-                      received=f"strategy {config.strategy.name}")
+  if config.strategy.name not in ("default", "multi_worker_mirrored"):
+    raise ConfigError("needs strategy default (one process) or multi_worker_mirrored (data "
+                      "parallel across workers, each splitting its model): a strategy over "
+                      "several local devices mirrors every variable onto each, undoing the "
+                      "split", key="parallel.stages", received=f"strategy {config.strategy.name}")
+  compression = getattr(config.strategy.options, "gradient_compression", "none")
+  if compression != "none":
+    raise ConfigError("must be none with parallel.stages: a split model's gradients are "
+                      "averaged across workers in their own dtype",
+                      key="strategy.gradient_compression", received=compression)
   if config.training.jit_compile:
     raise ConfigError("must be false with parallel.stages: XLA compiles for one device and "
                       "cannot reach variables on another", key="training.jit_compile",

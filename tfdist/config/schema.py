@@ -311,12 +311,14 @@ class ParallelConfig:
       layer names or indices, or a map of layer names to devices; None splits nothing.
     devices: the stages' devices, in order; empty: this process's GPUs, else its CPUs.
     microbatches: parts each batch is split into, run as a pipeline (GPipe).
+    recompute: recompute each layer's activations in the backward pass instead of keeping them.
   """
   stages: Any = _field(None, rule(_valid_stages, 'must be "balanced", a list of stages (lists '
                                   "of layer names or indices) or a map of layer names to "
                                   "devices"))
   devices: tuple[str, ...] = ()
   microbatches: int = _field(1, _POSITIVE)
+  recompute: bool = False
 
   @property
   def enabled(self) -> bool:

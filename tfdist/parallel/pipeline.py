@@ -34,8 +34,10 @@ def split_batch(data, parts: int):
           for i in range(parts)], sizes, size
 
 
-def train_step(model, data, *, microbatches: int = 1, last_device: str | None = None):
-  """Keras's `train_step` with gradients placed per stage and the batch in `microbatches`."""
+def train_step(model, data, *, microbatches: int = 1, last_device: str | None = None,
+               reduce_gradients=None):
+  """Keras's `train_step` with gradients placed per stage and the batch in `microbatches`;
+  `reduce_gradients(gradients, variables)` (hybrid training) runs before the update."""
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
   variables = model.trainable_weights
   parts = _parts((x, y, sample_weight), microbatches)
@@ -53,6 +55,8 @@ def train_step(model, data, *, microbatches: int = 1, last_device: str | None = 
     predictions.append(y_pred)
   batch = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
   model._loss_tracker.update_state(total_loss, sample_weight=batch)
+  if reduce_gradients is not None:
+    gradients = reduce_gradients(gradients, variables)
   model.optimizer.apply_gradients(zip(gradients, variables))
   y_pred = tf.nest.map_structure(lambda *p: tf.concat(p, 0), *predictions)
   return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

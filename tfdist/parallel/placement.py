@@ -30,8 +30,16 @@ from tfdist.errors import ConfigError
 
 def local_devices() -> list[str]:
   """This process's devices for stages: its GPUs, else its (logical) CPUs."""
-  gpus = tf.config.list_logical_devices("GPU")
-  return [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
+  gpus = _local(tf.config.list_logical_devices("GPU"))
+  return gpus or _local(tf.config.list_logical_devices("CPU"))
+
+
+def _local(devices) -> list[str]:
+  """The names of `devices` on this task (in a cluster TensorFlow lists every task's)."""
+  from tensorflow.python.eager import context
+  host = context.context().host_address_space()
+  return [d.name for d in devices
+          if d.name.startswith(host + "/") or not d.name.startswith("/job:")]
 
 
 def assign(model, placement: Any, devices: Sequence[str]) -> dict[str, str]:
@@ -105,8 +113,10 @@ def balanced_stages(sizes: Sequence[int], stages: int) -> list[int]:
   return result
 
 
-def place(model, assignment: Mapping[str, str]) -> None:
-  """Re-creates each layer's variables on its device (values kept) and runs its `call` there.
+def place(model, assignment: Mapping[str, str], recompute: bool = False) -> None:
+  """Re-creates each layer's variables on its device (values kept) and runs its `call` there;
+  with `recompute`, a layer's activations are not kept for the backward pass but recomputed
+  from its inputs (`tf.recompute_grad`).
 
   The model must be built (a subclassed model: call it once, or `build` it, in `model_fn`).
   """
@@ -117,7 +127,7 @@ def place(model, assignment: Mapping[str, str]) -> None:
     with tf.init_scope(), tf.device(device):
       for variable in layer.weights:
         variable._initialize(variable.value.read_value())  # A new tf.Variable on `device`.
-    layer.call = _on_device(layer.call, device)
+    layer.call = _on_device(layer.call, device, recompute)
 
 
 def colocate_optimizer_state(optimizer) -> None:
@@ -146,17 +156,19 @@ def stage_devices(assignment: Mapping[str, str]) -> list[str]:
   return list(dict.fromkeys(assignment.values()))
 
 
-def _on_device(call, device: str):
+def _on_device(call, device: str, recompute: bool = False):
   @functools.wraps(call)
   def call_on_device(*args, **kwargs):
     with tf.device(device):
+      if recompute and args and all(tf.is_tensor(a) for a in args):
+        return tf.recompute_grad(lambda *tensors: call(*tensors, **kwargs))(*args)
       return call(*args, **kwargs)
   return call_on_device
 
 
 def _canonical(device: str) -> str:
   """The full name of `device` ("/device:GPU:1", "GPU:1", "/gpu:1" ...) in this process."""
-  names = [d.name for d in tf.config.list_logical_devices()]
+  names = _local(tf.config.list_logical_devices())
   kind, _, index = str(device).rsplit("/", 1)[-1].removeprefix("device:").rpartition(":")
   for name in names:
     if name.endswith(f"/device:{kind.upper()}:{index}"):

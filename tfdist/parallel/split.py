@@ -9,6 +9,7 @@ parallel:
   stages: balanced            # or [[conv1, conv2], [lstm, dense]], or {lstm: /device:CPU:0}
   devices: [/device:GPU:0, /device:GPU:1]   # default: this process's GPUs, else its CPUs
   microbatches: 4             # GPipe: stages overlap on micro-batches
+  recompute: false            # true: recompute each layer's activations in the backward pass
 ```
 
 ```python
@@ -28,7 +29,7 @@ from tfdist.parallel import pipeline, placement
 
 
 def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = None,
-          microbatches: int = 1):
+          microbatches: int = 1, recompute: bool = False, reduce_gradients=None):
   """Splits the built `model` over `devices`, in place, and returns it.
 
   Args:
@@ -37,6 +38,10 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
     stages: "balanced", a list per device of layer names or indices, or {layer name: device}.
     devices: the devices, in stage order; default: this process's GPUs, else its CPUs.
     microbatches: parts each batch is split into, run as a pipeline.
+    recompute: keep no activations inside a layer for the backward pass; recompute them from
+      the layer's input (less memory, one more forward pass).
+    reduce_gradients: a function of (gradients, variables) run before each update
+      (`hybrid.Hybrid.mean_gradients` averages them across workers).
 
   Raises:
     ConfigError: `jit_compile=True` (XLA cannot reach variables on another device), an unknown
@@ -54,11 +59,11 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
     raise ConfigError("must be 1 or greater", key="parallel.microbatches", received=microbatches)
   devices = list(devices or placement.local_devices())
   assignment = placement.assign(model, stages, devices)
-  placement.place(model, assignment)
+  placement.place(model, assignment, recompute)
   model.jit_compile = False  # Keras's "auto" turns XLA on when a GPU is present.
   last = placement.stage_devices(assignment)[-1]
   model.train_step = functools.partial(pipeline.train_step, model, microbatches=microbatches,
-                                       last_device=last)
+                                       last_device=last, reduce_gradients=reduce_gradients)
   model.predict_step = functools.partial(pipeline.predict_step, model,
                                          microbatches=microbatches)
   model.tfdist_placement = assignment

@@ -72,9 +72,15 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   training = config.training
   if training.seed is not None:
     keras.utils.set_random_seed(training.seed)
-  global_batch = _batch(config, strategy, batch_size)
+  hybrid = _hybrid(config)
+  if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
+    import tensorflow as tf
+    strategy = tf.distribute.get_strategy()
+  global_batch = (batch_size or batch_sizes(training, hybrid.workers).global_batch_size
+                  if hybrid else _batch(config, strategy, batch_size))
   epochs = epochs or training.epochs
-  model, policy, fused = _build(model_fn, compile, strategy, config)
+  model, policy, fused = _build(model_fn, compile, strategy, config, hybrid)
+  replicas = hybrid.workers if hybrid else strategy.num_replicas_in_sync
   if evaluator:
     from tfdist.training.evaluator import evaluate_checkpoints
     return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
@@ -89,25 +95,26 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
   asynchronous = config.strategy.name == "parameter_server"
   from tfdist.monitoring import step_times, tensorboard
-  clock = None if asynchronous or not config.tensorboard.log_dir else step_times.StepClock()
+  clock = None if asynchronous or hybrid or not config.tensorboard.log_dir else \
+      step_times.StepClock()
   if clock:
     clock.time_all_reduce(getattr(model.optimizer, "inner_optimizer", model.optimizer))
   train = None if asynchronous else data.make_dataset(
       train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
-      name="train_data", then=clock and clock.stamped)
+      name="train_data", then=(hybrid and hybrid.worker_slice) or (clock and clock.stamped))
   epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
   # Never more steps per call than an epoch has: the progress bar would count past the end.
   model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
   if training.scale_learning_rate or training.warmup_epochs:
     from tfdist.training import schedule
-    multiplier = strategy.num_replicas_in_sync if training.scale_learning_rate else 1
+    multiplier = replicas if training.scale_learning_rate else 1
     warmup = training.warmup_epochs * _require_steps(epoch_steps, config)
     schedule.scale_learning_rate(optimizer, multiplier, warmup)
   if is_chief(config):
     report.say(report.choices_line(
-        strategy_name=config.strategy.name, replicas=strategy.num_replicas_in_sync,
+        strategy_name=config.strategy.name, replicas=replicas,
         global_batch=global_batch, policy=policy, steps_per_execution=model.steps_per_execution,
         fused=fused, accumulation=training.gradient_accumulation_steps))
     if first_epoch:
@@ -142,8 +149,9 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   return history
 
 
-def _build(model_fn, compile, strategy, config: Config):
-  """The model built and compiled in the strategy's scope, with tfdist's speed knobs; returns
+def _build(model_fn, compile, strategy, config: Config, hybrid=None):
+  """The model built and compiled in the strategy's scope, with tfdist's speed knobs, split
+  over devices when the config says (`hybrid`: averaging gradients across workers); returns
   it, its dtype policy and the name of the optimizer whose update is fused (or None)."""
   from tfdist.training import fused_updates, precision, report
 
@@ -172,7 +180,10 @@ def _build(model_fn, compile, strategy, config: Config):
     if config.parallel.enabled:
       from tfdist.parallel.split import describe, split
       split(model, config.parallel.stages, devices=config.parallel.devices or None,
-            microbatches=config.parallel.microbatches)
+            microbatches=config.parallel.microbatches, recompute=config.parallel.recompute,
+            reduce_gradients=hybrid and hybrid.mean_gradients)
+      if hybrid:
+        hybrid.broadcast_weights(model)
       if is_chief(config):
         report.say(describe(model.tfdist_placement, config.parallel.microbatches))
   return model, policy, type(optimizer).__name__ if fused else None
@@ -219,6 +230,14 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
   dataset = data.make_dataset(x, strategy=strategy, batch_size=batch_size)
   with keras_fixes.fixed_for(model, strategy):
     return model.predict(dataset, **predict_kwargs)
+
+
+def _hybrid(config: Config):
+  """The cross-worker half of a split model trained by several workers, or None."""
+  if not (config.parallel.enabled and config.strategy.name == "multi_worker_mirrored"):
+    return None
+  from tfdist.parallel.hybrid import Hybrid
+  return Hybrid.for_config(config)
 
 
 def _refuse_keras_distribution() -> None:
