@@ -28,10 +28,14 @@ setuptools.setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW}"],
         "gpu": [f"tensorflow[and-cuda]{TENSORFLOW}"],
         "examples": ["scikit-learn>=1.5,<2"],
+        # `tfdist model-server`: an async HTTP stack and Prometheus' own exposition.
+        "serving": ["aiohttp>=3.9,<4", "prometheus-client>=0.20,<1"],
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
                  # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
                  # models, for the exported manifests.
-                 "kubernetes-validate>=1.31,<2", "kubeflow-training==1.9.0"],
+                 "kubernetes-validate>=1.31,<2", "kubeflow-training==1.9.0",
+                 # The model server's tests.
+                 "aiohttp>=3.9,<4", "prometheus-client>=0.20,<1"],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli.main:main"]},
 )

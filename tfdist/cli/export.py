@@ -1,5 +1,6 @@
 """`tfdist export slurm|kubernetes CONFIG [FLAGS] -- COMMAND`: print the sbatch script or the
-Kubernetes manifests that run the config's cluster on that engine."""
+Kubernetes manifests that run the config's cluster on that engine. `tfdist export serving MODEL
+OUT_DIR`: a SavedModel for TensorFlow Serving with its batching parameters."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from tfdist.errors import ConfigError
 USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] "
          "[--cpus-per-task C] -- COMMAND | "
          "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|statefulset] [--name N] "
-         "[--namespace NS] [--port P] [--volume-claim PVC] -- COMMAND")
-ENGINES = ("slurm", "kubernetes")
+         "[--namespace NS] [--port P] [--volume-claim PVC] -- COMMAND | "
+         "tfdist export serving MODEL OUT_DIR [--max-batch-size N] [--max-wait-ms MS]")
+ENGINES = ("slurm", "kubernetes", "serving")
 FLAGS = flags.FLAGS
 
 
@@ -27,6 +29,8 @@ def run(args: list[str], task: str | None) -> int:
   engine, config_path, command = args[0], args[1], args[2:]
   if engine not in ENGINES:
     raise ConfigError(f"must be one of {', '.join(ENGINES)}", key="engine", received=engine)
+  if engine == "serving":
+    return _serving(args[1:])
   config = load_config(config_path, environ={})
   name = FLAGS.name or kubernetes.job_name(pathlib.Path(config_path).stem)
   if engine == "slurm":
@@ -39,4 +43,15 @@ def run(args: list[str], task: str | None) -> int:
         config, command, name=name, image=FLAGS.image, namespace=FLAGS.namespace,
         port=FLAGS.port or kubernetes.DEFAULT_PORT, kind=FLAGS.kind,
         volume_claim=FLAGS["volume-claim"].value)), end="")
+  return 0
+
+
+def _serving(args: list[str]) -> int:
+  if len(args) != 2:
+    raise SystemExit(f"usage: {USAGE}")
+  from tfdist.serving.export import export_for_serving
+  saved = export_for_serving(args[0], args[1], max_batch_size=FLAGS["max-batch-size"].value,
+                             max_wait_ms=FLAGS["max-wait-ms"].value)
+  print(f"tfdist export serving: wrote {saved} (reloaded, equal) and "
+        f"{pathlib.Path(args[1]) / 'batching_parameters.txt'}")
   return 0

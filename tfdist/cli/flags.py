@@ -13,9 +13,11 @@ COMMAND_FLAGS = {
     "tensorboard": ("port", "bind-all"),
     "env": ("json",),
     "plan": ("model", "batch"),
+    "model-server": ("name", "host", "port", "max-batch-size", "max-wait-ms", "max-queue",
+                     "max-body-bytes"),
     "serve": ("task",),
     "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
-               "namespace", "volume-claim"),
+               "namespace", "volume-claim", "max-batch-size", "max-wait-ms"),
 }
 """The flags each command reads, in the order its help lists them."""
 
@@ -86,7 +88,17 @@ def define_flags() -> None:
   flags.DEFINE_enum("kind", "tfjob", ["tfjob", "statefulset"], "export kubernetes: a Kubeflow "
                     "TFJob (the training operator sets TF_CONFIG) or plain StatefulSets and "
                     "headless Services.")
-  flags.DEFINE_string("name", None, "export: the job's name; default the config file's name.")
+  flags.DEFINE_string("name", None, "export: the job's name; default the config file's name. "
+                      "model-server: the model's name in its URLs (required).")
+  flags.DEFINE_string("host", "127.0.0.1", "model-server: the address to listen on.")
+  flags.DEFINE_integer("max-batch-size", 32, "model-server, export serving: rows per batch at "
+                       "most.", lower_bound=1)
+  flags.DEFINE_float("max-wait-ms", 2.0, "model-server, export serving: how long a batch may "
+                     "wait for more requests.", lower_bound=0)
+  flags.DEFINE_integer("max-queue", 1024, "model-server: requests waiting at most; beyond it "
+                       "429.", lower_bound=1)
+  flags.DEFINE_integer("max-body-bytes", 64 << 20, "model-server: the largest request body; "
+                       "beyond it 413.", lower_bound=1)
   flags.DEFINE_string("namespace", "default", "export kubernetes: the namespace.")
   flags.DEFINE_string("volume-claim", None, "export kubernetes: a ReadWriteMany "
                       "PersistentVolumeClaim mounted where the config's checkpoint and "

@@ -10,13 +10,14 @@ import sys
 
 from absl import app, flags
 
-from tfdist.cli import check, env, export, launch, plan, serve, tensorboard
+from tfdist.cli import (check, env, export, launch, model_server, plan, serve,
+                        tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 
 EXIT_USAGE = 2
 COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
-            "tensorboard": tensorboard, "env": env, "plan": plan}
+            "tensorboard": tensorboard, "env": env, "plan": plan, "model-server": model_server}
 
 
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
@@ -24,10 +25,12 @@ HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML
         "  launch   start every task of the config's cluster (or this host's task), supervised\n"
         "  check    validate a config and show what it will do\n"
         "  serve    run a worker or ps server of a parameter-server cluster\n"
-        "  export   print an sbatch script or Kubernetes manifests for the cluster\n"
+        "  export   print an sbatch script or Kubernetes manifests for the cluster, or a\n"
+        "           SavedModel for serving\n"
         "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n"
         "  env      this machine's facts for a bug report; with a config, every task's\n"
-        "  plan     memory per device under data parallelism and a split; what fits\n\n"
+        "  plan     memory per device under data parallelism and a split; what fits\n"
+        "  model-server  a .keras file or SavedModel over HTTP (TF Serving's REST), batched\n\n"
         "`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 

@@ -67,7 +67,7 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
   model.predict_step = functools.partial(pipeline.predict_step, model,
                                          microbatches=microbatches)
   model.tfdist_placement = assignment
-  if model.optimizer is not None:
+  if getattr(model, "optimizer", None) is not None:  # An uncompiled model has none.
     _colocate(model)
   compile = model.compile
 

@@ -1,0 +1,296 @@
+"""Inference: the batching predictor under concurrent callers (own answers, batches formed,
+deadlines, queue bound, a bad request failing alone), `tfdist model-server` answering over
+HTTP on 127.0.0.1, and `tfdist export serving` reloaded and equal."""
+
+import concurrent.futures
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import REPO
+from tests.launching import ENV
+from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull
+
+pytestmark = pytest.mark.usefixtures("two_cpus")  # Before TensorFlow starts: the split test.
+rng = np.random.default_rng(0)
+X = rng.random((100, 20), dtype=np.float32)
+
+
+def mlp():
+  keras.utils.set_random_seed(1)
+  return keras.Sequential([keras.Input((20,), name="features"),
+                           keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)])
+
+
+def failing_on_negative_input():
+  """A model whose run fails for a row with a negative first feature (a bad request)."""
+  inputs = keras.Input((20,), name="features")
+
+  def check(x):
+    tf.debugging.assert_non_negative(x[:, 0], message="negative feature")
+    return x
+  outputs = keras.layers.Dense(3)(keras.layers.Lambda(check)(inputs))
+  return keras.Model(inputs, outputs)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return mlp()
+
+
+def test_concurrent_callers_each_get_their_own_answer_in_batches(model):
+  reference = model.predict(X, verbose=0)
+  predictor = BatchingPredictor(model, max_batch_size=16, max_wait_ms=20)
+  try:
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+      answers = list(pool.map(lambda i: predictor.predict(X[i:i + 1 + i % 3]), range(64)))
+    for i, answer in enumerate(answers):
+      np.testing.assert_allclose(answer, reference[i:i + 1 + i % 3], atol=1e-6)
+    stats = predictor.stats
+    assert stats.rows == sum(1 + i % 3 for i in range(64))
+    assert sum(stats.batches.values()) < 64  # Requests shared batches ...
+    assert set(stats.batches) == {1, 2, 4, 8, 16}  # ... padded to the traced sizes.
+    assert stats.padding == sum(s * n for s, n in stats.batches.items()) - stats.rows
+  finally:
+    predictor.close()
+
+
+def test_an_oversize_request_is_split_and_answered_whole(model):
+  predictor = BatchingPredictor(model, max_batch_size=32)
+  try:
+    np.testing.assert_allclose(predictor.predict(X[:70]), model.predict(X[:70], verbose=0),
+                               atol=1e-6)
+    assert predictor.stats.batches[32] >= 2
+  finally:
+    predictor.close()
+
+
+def test_a_lone_caller_never_waits_for_a_batch(model):
+  predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=500)
+  try:
+    start = time.monotonic()
+    for i in range(20):
+      predictor.predict(X[i:i + 1])
+    assert time.monotonic() - start < 5  # 20 x 500 ms had it waited.
+    assert predictor.stats.batches[1] == 20
+  finally:
+    predictor.close()
+
+
+def test_bad_requests_fail_alone(model):
+  predictor = BatchingPredictor(failing_on_negative_input(), max_batch_size=8, max_wait_ms=50)
+  try:
+    with pytest.raises(ValueError, match=r"input features: expected shape \[\?, 20\] \(rows "
+                                         r"first\). Received: \[1, 19\]"):
+      predictor.submit(X[:1, :19])
+    with pytest.raises(ValueError, match="input features: expected float32 values. Received: "):
+      predictor.submit(np.array([["a"] * 20]))
+    bad = X[:1].copy()
+    bad[0, 0] = -1
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      futures = [pool.submit(predictor.predict, row) for row in (X[:1], bad, X[1:2], X[2:3])]
+      results = [f.exception() or f.result() for f in futures]
+    assert isinstance(results[1], tf.errors.InvalidArgumentError)
+    assert all(isinstance(r, np.ndarray) and r.shape == (1, 3) for i, r in enumerate(results)
+               if i != 1)
+  finally:
+    predictor.close()
+
+
+def slow_model(seconds):
+  inputs = keras.Input((20,), name="features")
+
+  def sleep(x):
+    time.sleep(seconds)
+    return x
+  slowed = keras.layers.Lambda(lambda x: tf.ensure_shape(
+      tf.numpy_function(sleep, [x], tf.float32), x.shape))(inputs)
+  return keras.Model(inputs, keras.layers.Dense(3)(slowed))
+
+
+def test_deadlines_and_the_queue_bound_are_honoured():
+  predictor = BatchingPredictor(slow_model(0.2), max_batch_size=1, max_queue=2)
+  try:
+    busy = predictor.submit(X[:1])  # Runs for 0.2 s; the next two wait in the queue.
+    time.sleep(0.05)
+    expiring = predictor.submit(X[1:2], timeout=0.01)
+    waiting = predictor.submit(X[2:3])
+    with pytest.raises(QueueFull, match=r"queue full \(2 requests waiting\)"):
+      predictor.submit(X[3:4])
+    with pytest.raises(DeadlineExceeded):
+      expiring.result(timeout=5)
+    assert busy.result(timeout=5).shape == waiting.result(timeout=5).shape == (1, 3)
+    assert predictor.stats.expired == 1 and predictor.stats.rejected == 1
+    assert predictor.stats.rows == 2  # The expired request never ran.
+  finally:
+    predictor.close()
+
+
+def test_a_model_split_over_devices_is_served_through_the_predictor(model):
+  from tfdist.parallel.split import split
+  reference = model.predict(X, verbose=0)
+  split_model = split(mlp(), "balanced", devices=["/device:CPU:0", "/device:CPU:1"],
+                      microbatches=2)
+  predictor = BatchingPredictor(split_model, max_batch_size=8)
+  try:
+    np.testing.assert_allclose(predictor.predict(X[:20]), reference[:20], atol=1e-6)
+  finally:
+    predictor.close()
+
+
+# -- the HTTP endpoint -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, model):
+  path = tmp_path_factory.mktemp("served") / "model.keras"
+  model.save(path)
+  return path
+
+
+def start_server(model_path, *flags):
+  server = subprocess.Popen([sys.executable, "-m", "tfdist", "model-server", str(model_path),
+                             "--name", "digits", *flags], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+  deadline, seen = time.monotonic() + 90, []
+  for line in server.stdout:
+    seen.append(line)
+    match = re.search(r"(http://127\.0\.0\.1:\d+)/v1/models/digits", line)
+    if match:
+      return server, match.group(1)
+    if time.monotonic() > deadline:
+      break
+  server.kill()
+  pytest.fail("".join(seen))
+
+
+def stop(server):
+  server.send_signal(signal.SIGINT)
+  try:
+    assert server.wait(timeout=20) == 0
+  finally:
+    if server.poll() is None:
+      server.kill()
+
+
+def call(url, body=None, content_type="application/json", headers=None):
+  data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+  request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type,
+                                                            **(headers or {})})
+  try:
+    with urllib.request.urlopen(request, timeout=30) as response:
+      return response.status, response.headers, response.read()
+  except urllib.error.HTTPError as e:
+    return e.code, e.headers, e.read()
+
+
+@pytest.fixture(scope="module")
+def server(saved):
+  process, url = start_server(saved, "--max-body-bytes", "200000", "--max-queue", "1",
+                              "--max-batch-size", "8")
+  yield url
+  stop(process)
+
+
+def test_the_endpoint_predicts_in_tensorflow_servings_formats(server, model):
+  reference = model.predict(X[:4], verbose=0)
+  status, _, body = call(f"{server}/v1/models/digits:predict", {"instances": X[:4].tolist()})
+  assert status == 200
+  np.testing.assert_allclose(json.loads(body)["predictions"], reference, atol=1e-5)
+  status, _, body = call(f"{server}/v1/models/digits:predict", {"inputs": X[:4].tolist()})
+  np.testing.assert_allclose(json.loads(body)["outputs"], reference, atol=1e-5)
+  buffer = io.BytesIO()
+  np.save(buffer, X[:4])
+  status, headers, body = call(f"{server}/v1/models/digits:predict", buffer.getvalue(),
+                               content_type="application/x-npy")
+  assert status == 200 and headers["Content-Type"] == "application/x-npy"
+  np.testing.assert_allclose(np.load(io.BytesIO(body)), reference, atol=1e-5)
+
+
+def test_the_endpoint_reports_status_metadata_health_and_metrics(server):
+  status, _, body = call(f"{server}/v1/models/digits")
+  assert status == 200 and json.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
+  status, _, body = call(f"{server}/v1/models/digits/metadata")
+  signature = json.loads(body)["metadata"]["signature_def"]["serving_default"]
+  assert signature["inputs"] == {"features": {"dtype": "float32", "shape": [-1, 20]}}
+  assert call(f"{server}/healthz")[0] == 200
+  status, _, body = call(f"{server}/metrics")
+  assert status == 200
+  assert re.search(rb'tfdist_batches_total\{batch_size="\d+",model="digits"\} \d', body) or \
+      re.search(rb'tfdist_batches_total\{model="digits",batch_size="\d+"\} \d', body)
+  assert b"tfdist_queue_depth" in body and b"tfdist_padding_rows_total" in body
+
+
+@pytest.mark.parametrize("body,content_type,code,message", [
+    ({"instances": [[0.5] * 19]}, "application/json", 400,
+     "input features: expected shape [?, 20] (rows first). Received: [1, 19]"),
+    ({"instances": [["x"] * 20]}, "application/json", 400,
+     "input features: expected float32 values. Received: "),
+    (b"{not json", "application/json", 400, "the body is not JSON"),
+    ({"rows": []}, "application/json", 400,
+     'the body must be an object with "instances" (rows) or "inputs" (columns). '
+     "Received: ['rows']"),
+    ({"instances": [[0.5] * 20] * 2000}, "application/json", 413,
+     "the body is over the limit of 200000 bytes"),
+])
+def test_bad_requests_get_a_4xx_naming_the_problem(server, body, content_type, code, message):
+  status, _, answer = call(f"{server}/v1/models/digits:predict", body, content_type)
+  assert status == code
+  assert json.loads(answer)["error"].startswith(message)
+
+
+def test_another_models_name_is_404(server):
+  status, _, body = call(f"{server}/v1/models/other:predict", {"instances": [[0.0] * 20]})
+  assert status == 404 and "this server serves 'digits'" in json.loads(body)["error"]
+
+
+def test_a_full_queue_answers_429_with_retry_after(server):
+  results = []
+
+  def one():
+    results.append(call(f"{server}/v1/models/digits:predict", {"instances": [[0.5] * 20]}))
+  threads = [threading.Thread(target=one) for _ in range(48)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  codes = [status for status, _, _ in results]
+  assert set(codes) <= {200, 429} and 429 in codes and 200 in codes
+  refused = next(r for r in results if r[0] == 429)
+  assert refused[1]["Retry-After"] == "1"
+  assert json.loads(refused[2])["error"].startswith("queue full (1 requests waiting)")
+
+
+def test_an_exported_saved_model_reloads_equal_and_is_served(tmp_path, saved, model):
+  done = subprocess.run([sys.executable, "-m", "tfdist", "export", "serving", str(saved),
+                         str(tmp_path / "out"), "--max-batch-size", "16"], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "allowed_batch_sizes: 16" in (tmp_path / "out" / "batching_parameters.txt").read_text()
+  loaded = tf.saved_model.load(str(tmp_path / "out" / "1")).signatures["serving_default"]
+  assert list(loaded.structured_input_signature[1]) == ["features"]
+  outputs = loaded(features=tf.constant(X[:5]))
+  np.testing.assert_allclose(next(iter(outputs.values())), model.predict(X[:5], verbose=0),
+                             atol=1e-5)
+  process, url = start_server(tmp_path / "out" / "1")
+  try:
+    status, _, body = call(f"{url}/v1/models/digits:predict", {"instances": X[:2].tolist()})
+    assert status == 200
+    predictions = json.loads(body)["predictions"]
+    np.testing.assert_allclose([list(p.values())[0] if isinstance(p, dict) else p
+                                for p in predictions], model.predict(X[:2], verbose=0),
+                               atol=1e-5)
+  finally:
+    stop(process)

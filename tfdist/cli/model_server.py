@@ -1,0 +1,55 @@
+"""`tfdist model-server MODEL --name NAME [--port P] [--host 127.0.0.1]`: serves a `.keras`
+file or a SavedModel directory over HTTP with TensorFlow Serving's REST surface
+(`POST /v1/models/NAME:predict`), batching concurrent requests, until Ctrl-C. Needs the
+`serving` extra (aiohttp, prometheus-client)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from absl import flags
+
+from tfdist.errors import ConfigError
+
+USAGE = ("tfdist model-server MODEL --name NAME [--port P] [--host H] [--max-batch-size N] "
+         "[--max-wait-ms MS] [--max-queue N] [--max-body-bytes N]")
+FLAGS = flags.FLAGS
+
+
+def run(args: list[str], task: str | None) -> int:
+  del task
+  if len(args) != 1:
+    raise SystemExit(f"usage: {USAGE}")
+  if not FLAGS.name:
+    raise ConfigError("is required: the name clients call the model by", key="--name",
+                      received=None)
+  try:
+    from tfdist.serving import http
+  except ImportError as e:
+    raise ConfigError(f"needs the serving extra: pip install 'tfdist[serving]' ({e})",
+                      key="model-server", received=None) from None
+  from tfdist.serving.batching import BatchingPredictor
+
+  predictor = BatchingPredictor(args[0], max_batch_size=FLAGS["max-batch-size"].value,
+                                max_wait_ms=FLAGS["max-wait-ms"].value,
+                                max_queue=FLAGS["max-queue"].value)
+  name, host = FLAGS.name, FLAGS.host
+
+  async def main():
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for stop in (signal.SIGINT, signal.SIGTERM):
+      loop.add_signal_handler(stop, task.cancel)
+    await http.serve(predictor, name, host=host, port=FLAGS.port or 0,
+                     max_body_bytes=FLAGS["max-body-bytes"].value,
+                     on_ready=lambda url: print(f"tfdist model-server: serving {name} at {url} "
+                                                f"(Ctrl-C stops)", flush=True))
+  try:
+    asyncio.run(main())
+  except asyncio.CancelledError:
+    pass
+  finally:
+    predictor.close()
+  print("tfdist model-server: stopped", flush=True)
+  return 0

@@ -1,0 +1,1 @@
+"""Inference: fast bulk prediction, request batching, an HTTP endpoint, SavedModel export."""

@@ -1,0 +1,246 @@
+"""Request batching: many callers, one batch through the model.
+
+A call of a traced function at batch 32 costs about what one at batch 1 does, so a predictor
+that waits a little for more requests serves several times the requests per second. It waits
+only while callers who could still send one exist: the wait ends when the batch is full, at
+`max_wait_ms`, or when every caller seen lately is already in the batch (a lone caller never
+waits). Each request keeps its own rows and gets its own answer; a bad one fails alone.
+
+```python
+predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=2)
+probabilities = predictor.predict(x_rows)          # from any thread
+predictor.close()
+```
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.serving.model import ServedModel
+
+
+class QueueFull(RuntimeError):
+  """The predictor's queue is full: try again later (HTTP 429)."""
+
+
+class DeadlineExceeded(TimeoutError):
+  """A request's deadline passed before it ran; it was not run."""
+
+
+@dataclasses.dataclass
+class _Request:
+  inputs: list  # One array per model input, `rows` rows each.
+  rows: int
+  future: concurrent.futures.Future
+  deadline: float | None
+  enqueued: float
+
+
+class BatchingPredictor:
+  """Batches concurrent requests for a model.
+
+  Args:
+    model: a Keras model, a `.keras` file, a SavedModel directory, or a `ServedModel`.
+    max_batch_size: rows per batch at most; a larger request is split and its parts batched.
+    max_wait_ms: how long a batch may wait for more requests.
+    allowed_batch_sizes: the batch sizes traced at warm-up; a batch is padded to the next one
+      (default: powers of 2 up to `max_batch_size`, and it).
+    max_queue: requests waiting at most; beyond it `submit` raises `QueueFull` at once.
+  """
+
+  def __init__(self, model, *, max_batch_size: int = 32, max_wait_ms: float = 2.0,
+               allowed_batch_sizes=None, max_queue: int = 1024):
+    self.model = model if isinstance(model, ServedModel) else ServedModel(model)
+    self.max_batch_size, self.max_wait = max_batch_size, max_wait_ms / 1000
+    sizes = allowed_batch_sizes or [2 ** i for i in range(max_batch_size.bit_length())
+                                    if 2 ** i < max_batch_size] + [max_batch_size]
+    self.sizes = sorted(set(sizes))
+    if self.sizes[-1] != max_batch_size:
+      raise ValueError(f"allowed_batch_sizes must end at max_batch_size {max_batch_size}. "
+                       f"Received: {list(sizes)}")
+    self.model.warm_up(self.sizes)
+    self._queue: queue.Queue[_Request] = queue.Queue(max_queue)
+    self._held: _Request | None = None  # A request that did not fit the last batch.
+    self._lock = threading.Lock()
+    self._outstanding, self._recent = 0, collections.deque()
+    self.stats = Stats(self.sizes)
+    self._closed = False
+    self._thread = threading.Thread(target=self._serve, name="tfdist-batching", daemon=True)
+    self._thread.start()
+
+  def submit(self, inputs, *, timeout: float | None = None) -> concurrent.futures.Future:
+    """Queues `inputs` (rows of the model's input(s)); returns a future of its outputs.
+
+    Raises:
+      ValueError: inputs of the wrong shape or dtype (the request alone fails).
+      QueueFull: the queue is full.
+    """
+    arrays = self.model.check(inputs)
+    rows = len(arrays[0])
+    if rows > self.max_batch_size:  # Oversize: split; the parts are batched like any request.
+      return _joined([self._enqueue([a[i:i + self.max_batch_size] for a in arrays], timeout)
+                      for i in range(0, rows, self.max_batch_size)])
+    return self._enqueue(arrays, timeout)
+
+  def _enqueue(self, arrays: list, timeout: float | None) -> concurrent.futures.Future:
+    rows = len(arrays[0])
+    now = time.monotonic()
+    request = _Request(arrays, rows, concurrent.futures.Future(),
+                       None if timeout is None else now + timeout, now)
+    with self._lock:
+      if self._closed:
+        raise RuntimeError("the predictor is closed")
+      try:
+        self._queue.put_nowait(request)
+      except queue.Full:
+        self.stats.rejected += 1
+        raise QueueFull(f"queue full ({self._queue.maxsize} requests waiting)") from None
+      self._outstanding += 1
+      self._recent.append((now, self._outstanding))
+    request.future.add_done_callback(self._answered)
+    return request.future
+
+  def predict(self, inputs, *, timeout: float | None = None):
+    """`submit(...).result()`: the outputs of `inputs`, waiting at most `timeout` seconds."""
+    return self.submit(inputs, timeout=timeout).result()
+
+  def close(self) -> None:
+    with self._lock:
+      self._closed = True
+    self._queue.put(None)  # Wakes the loop.
+    self._thread.join(10)
+
+  def _answered(self, _future) -> None:
+    with self._lock:
+      self._outstanding -= 1
+
+  def _callers(self, now: float) -> int:
+    """Callers seen lately: the most requests outstanding at once over the last 100 ms."""
+    with self._lock:
+      while self._recent and self._recent[0][0] < now - 0.1:
+        self._recent.popleft()
+      return max((count for _, count in self._recent), default=0)
+
+  def _serve(self) -> None:
+    while True:
+      batch = self._collect()
+      if batch is None:
+        return
+      self._run(batch)
+
+  def _collect(self) -> list[_Request] | None:
+    first = self._held or self._queue.get()
+    self._held = None
+    if first is None:
+      return None
+    batch, rows = [first], first.rows
+    until = first.enqueued + self.max_wait
+    while rows < self.max_batch_size:
+      now = time.monotonic()
+      try:
+        request = self._queue.get_nowait()
+      except queue.Empty:
+        if now >= until or self._callers(now) <= len(batch):
+          break  # The wait is over, or nobody else could send a request.
+        try:
+          request = self._queue.get(timeout=min(until - now, 0.0005))
+        except queue.Empty:
+          continue
+      if request is None:
+        self._queue.put(None)
+        break
+      if rows + request.rows > self.max_batch_size:
+        self._held = request
+        break
+      batch.append(request)
+      rows += request.rows
+    return batch
+
+  def _run(self, batch: list[_Request]) -> None:
+    now = time.monotonic()
+    live = []
+    for request in batch:
+      if request.deadline is not None and now > request.deadline:
+        self.stats.expired += 1
+        request.future.set_exception(DeadlineExceeded("the request's deadline passed before it "
+                                                      "ran"))
+      elif request.future.set_running_or_notify_cancel():  # False: the caller went away.
+        live.append(request)
+        self.stats.queue_wait.append(now - request.enqueued)
+    if not live:
+      return
+    rows = sum(r.rows for r in live)
+    size = next(s for s in self.sizes if s >= rows)
+    inputs = [np.concatenate([r.inputs[i] for r in live]) for i in range(len(live[0].inputs))]
+    started = time.monotonic()
+    try:
+      outputs = self.model.run(inputs, size)
+    except Exception as e:  # pylint: disable=broad-except
+      if len(live) == 1:
+        live[0].future.set_exception(e)
+      else:  # One bad request fails alone: run each by itself.
+        for request in live:
+          self._run_alone(request)
+      return
+    self.stats.record(size, rows, time.monotonic() - started, self._queue.qsize())
+    start = 0
+    for request in live:
+      request.future.set_result(tf.nest.map_structure(
+          lambda o, s=start, r=request: o[s:s + r.rows], outputs))
+      start += request.rows
+
+  def _run_alone(self, request: _Request) -> None:
+    size = next(s for s in self.sizes if s >= request.rows)
+    try:
+      request.future.set_result(self.model.run(request.inputs, size))
+    except Exception as e:  # pylint: disable=broad-except
+      request.future.set_exception(e)
+
+
+class Stats:
+  """The predictor's counters: batch sizes run, rows padded, queue wait, run time, depth."""
+
+  def __init__(self, sizes):
+    self.batches = collections.Counter({size: 0 for size in sizes})
+    self.rows = self.padding = self.rejected = self.expired = 0
+    self.run_seconds, self.queue_depth = 0.0, 0
+    self.queue_wait: collections.deque = collections.deque(maxlen=4096)
+
+  def record(self, size: int, rows: int, seconds: float, depth: int) -> None:
+    self.batches[size] += 1
+    self.rows += rows
+    self.padding += size - rows
+    self.run_seconds += seconds
+    self.queue_depth = depth
+
+
+def _joined(parts: list[concurrent.futures.Future]) -> concurrent.futures.Future:
+  """A future of the concatenated results of `parts`, in order."""
+  joined: concurrent.futures.Future = concurrent.futures.Future()
+  joined.set_running_or_notify_cancel()
+  remaining = [len(parts)]
+  lock = threading.Lock()
+
+  def done(_):
+    with lock:
+      remaining[0] -= 1
+      if remaining[0]:
+        return
+    errors = [p.exception() for p in parts if p.exception() is not None]
+    if errors:
+      joined.set_exception(errors[0])
+    else:
+      results = [p.result() for p in parts]
+      joined.set_result(tf.nest.map_structure(lambda *r: np.concatenate(r), *results))
+  for part in parts:
+    part.add_done_callback(done)
+  return joined

@@ -1,0 +1,146 @@
+"""A model to serve: a Keras model (split over devices or not), a `.keras` file or a SavedModel
+directory, behind one interface: its inputs' names, shapes and dtypes, a check of a request
+against them, and a traced function per batch size.
+
+```python
+served = ServedModel("model.keras")
+served.warm_up([1, 8, 32])
+outputs = served.run(served.check(rows), size=8)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+  """One input or output: its name, shape of one row (None: any size) and dtype."""
+  name: str
+  shape: tuple
+  dtype: str
+
+
+class ServedModel:
+  """Args: model: a Keras model, a `.keras` path or a SavedModel directory."""
+
+  def __init__(self, model):
+    self.source = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+      self._loaded = tf.saved_model.load(os.fspath(model))  # Its variables live as long as it.
+      self._signature = self._loaded.signatures["serving_default"]
+      specs = self._signature.structured_input_signature[1]
+      self.inputs = [TensorInfo(n, tuple(s.shape[1:]), s.dtype.name) for n, s in specs.items()]
+      self.outputs = [TensorInfo(n, tuple(s.shape[1:]), s.dtype.name)
+                      for n, s in self._signature.structured_outputs.items()]
+      self._keras = None
+    else:
+      import keras
+      self._keras = keras.models.load_model(model) if isinstance(model, (str, os.PathLike)) \
+          else model
+      if not getattr(self._keras, "inputs", None):
+        raise ValueError("a served Keras model needs known inputs (Sequential with an Input, or "
+                         "functional); save a subclassed model as a SavedModel with "
+                         f"`tfdist export serving`. Received: {type(self._keras).__name__}")
+      self.inputs = [TensorInfo(t.name, tuple(t.shape[1:]), _dtype(t.dtype))
+                     for t in self._keras.inputs]
+      names = getattr(self._keras, "output_names", None) or [
+          f"output_{i}" for i in range(len(self._keras.outputs))]
+      self.outputs = [TensorInfo(n, tuple(t.shape[1:]), _dtype(t.dtype))
+                      for n, t in zip(names, self._keras.outputs)]
+    self._functions = {}
+
+  def check(self, inputs) -> list[np.ndarray]:
+    """`inputs` (an array, a list in input order, or a dict by name) as one array per input.
+
+    Raises:
+      ValueError: naming the input, what was expected and what was received.
+    """
+    if isinstance(inputs, dict):
+      unknown = sorted(set(inputs) - {i.name for i in self.inputs})
+      missing = [i.name for i in self.inputs if i.name not in inputs]
+      if unknown or missing:
+        raise ValueError(f"inputs: expected the keys {[i.name for i in self.inputs]}. "
+                         f"Received: {sorted(inputs)}")
+      arrays = [inputs[i.name] for i in self.inputs]
+    elif isinstance(inputs, (list, tuple)) and len(self.inputs) > 1:
+      arrays = list(inputs)
+    else:
+      arrays = [inputs]
+    if len(arrays) != len(self.inputs):
+      raise ValueError(f"inputs: expected {len(self.inputs)} inputs "
+                       f"({', '.join(i.name for i in self.inputs)}). Received: {len(arrays)}")
+    checked = [_checked(a, info) for a, info in zip(arrays, self.inputs)]
+    if len({len(a) for a in checked}) != 1:
+      raise ValueError(f"inputs: every input needs the same number of rows. Received: "
+                       f"{[len(a) for a in checked]}")
+    return checked
+
+  def warm_up(self, sizes) -> None:
+    """Traces the function of each batch size in `sizes`."""
+    for size in sizes:
+      self.run([np.zeros((size, *_concrete(i.shape)), i.dtype) for i in self.inputs], size)
+
+  def run(self, inputs: list[np.ndarray], size: int):
+    """The outputs of `inputs` (rows <= `size`, padded to it for the traced function): an array
+    for one output, else a dict by name."""
+    rows = len(inputs[0])
+    padded = [np.concatenate([a, np.zeros((size - rows, *a.shape[1:]), a.dtype)])
+              if rows < size else a for a in inputs]
+    if size not in self._functions:
+      self._functions[size] = self._trace(padded)
+    outputs = self._functions[size](*padded)
+    outputs = [o.numpy()[:rows] for o in outputs]
+    return outputs[0] if len(outputs) == 1 else {
+        info.name: o for info, o in zip(self.outputs, outputs)}
+
+  def _trace(self, example: list[np.ndarray]):
+    specs = [tf.TensorSpec(a.shape, a.dtype) for a in example]
+    if self._keras is None:
+      signature, names = self._signature, [i.name for i in self.inputs]
+
+      @tf.function(input_signature=specs)
+      def saved(*tensors):
+        result = signature(**dict(zip(names, tensors)))
+        return [result[o.name] for o in self.outputs]
+      return saved
+    model = self._keras
+
+    @tf.function(input_signature=specs)
+    def keras_model(*tensors):
+      x = tensors[0] if len(tensors) == 1 else list(tensors)
+      return tf.nest.flatten(model.predict_step((x,)))
+    return keras_model
+
+
+def _checked(array, info: TensorInfo) -> np.ndarray:
+  try:
+    array = np.asarray(array)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"input {info.name}: is not an array of numbers ({e})") from None
+  if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and info.dtype.startswith("int")):
+    raise ValueError(f"input {info.name}: expected {info.dtype} values. Received: "
+                     f"{array.dtype.name}")
+  expected = (None, *info.shape)
+  if array.ndim != len(expected) or any(e is not None and e != r
+                                        for e, r in zip(expected, array.shape)):
+    raise ValueError(f"input {info.name}: expected shape {_shape(expected)} (rows first). "
+                     f"Received: {_shape(array.shape)}")
+  return array.astype(info.dtype, copy=False)
+
+
+def _shape(shape) -> str:
+  return "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+
+
+def _concrete(shape) -> tuple:
+  return tuple(1 if s is None else s for s in shape)
+
+
+def _dtype(dtype) -> str:
+  return tf.as_dtype(dtype).name
