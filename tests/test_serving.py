@@ -294,3 +294,49 @@ def test_an_exported_saved_model_reloads_equal_and_is_served(tmp_path, saved, mo
                                atol=1e-5)
   finally:
     stop(process)
+
+
+# -- bulk prediction -----------------------------------------------------------------------------
+
+def mirrored_model():
+  import tfdist
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": 2},
+            "training": {"global_batch_size": 16, "mixed_precision": "off"}}
+  return tfdist.fit(mlp, X, rng.integers(0, 3, len(X)), config=config, verbose=0,
+                    compile=dict(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True))).model
+
+
+def test_bulk_predict_under_mirrored_keeps_input_order_and_equals_one_device(tmp_path):
+  import tfdist
+  model = mirrored_model()
+  reference = mlp()
+  reference.set_weights(model.get_weights())
+  x = rng.random((103, 20), dtype=np.float32)  # 6 full batches of 16 and a padded one of 7.
+  expected = reference.predict(x, verbose=0)
+  np.testing.assert_allclose(tfdist.predict(model, x, batch_size=16), expected, atol=1e-6)
+  written = tfdist.predict(model, x, batch_size=16, out=str(tmp_path / "predictions.npy"))
+  np.testing.assert_allclose(np.load(tmp_path / "predictions.npy"), expected, atol=1e-6)
+  assert isinstance(written, np.memmap)
+  batches = list(tfdist.predict(model, tf.data.Dataset.from_tensor_slices(x).batch(16),
+                                stream=True))
+  assert [len(b) for b in batches] == [16] * 6 + [7]
+  np.testing.assert_allclose(np.concatenate(batches), expected, atol=1e-6)
+  with pytest.raises(Exception, match="stream: needs numpy arrays or a tf.data.Dataset, and no "
+                                      "Keras predict arguments \\(callbacks\\)"):
+    tfdist.predict(model, x, batch_size=16, stream=True, callbacks=[])
+
+
+def test_bulk_predict_on_a_two_worker_cluster_equals_one_device(tmp_path):
+  from tests.conftest import PROGRAMS
+  from tests.launching import finish, start_launch
+  config = tmp_path / "config.yaml"
+  config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                    "training: {global_batch_size: 64, epochs: 1, mixed_precision: off}\n")
+  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          str(PROGRAMS / "predict_cluster.py"), str(tmp_path))
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  for task in ("worker-0", "worker-1"):  # Every worker has every prediction, in order.
+    result = json.loads((tmp_path / f"{task}.json").read_text())
+    assert result["shape"] == [1003, 5] and result["difference"] < 1e-5, result

@@ -23,13 +23,13 @@ import numpy as np
 import tensorflow as tf
 
 
-def bulk_predict(model, x, *, batch_size: int, out=None, stream: bool = False):
+def bulk_predict(model, x, *, batch_size: int | None, out=None, stream: bool = False):
   """Predicts `x` (numpy arrays, or a `tf.data.Dataset` of batches) in input order.
 
   Args:
     model: a built Keras model; runs under its own strategy (`model.distribute_strategy`).
     x: numpy arrays (a nest of them for several inputs) or a dataset of batches.
-    batch_size: rows per step, over all replicas (the dataset's own batches when `x` is one).
+    batch_size: rows per step, over all replicas (a dataset's own batches when `x` is one).
     out: a preallocated array (or `np.memmap`) to write into, or a path: a `.npy` file written
       as the batches come (numpy input, one output).
     stream: return an iterator of output batches instead of the whole output.
@@ -63,16 +63,20 @@ def bulk_predict(model, x, *, batch_size: int, out=None, stream: bool = False):
 class _Step:
   """The traced step of one batch size: pad, split over replicas, predict, gather, trim."""
 
-  def __init__(self, model, batch_size: int):
+  def __init__(self, model, batch_size: int | None):
     self.model, self.strategy = model, model.distribute_strategy
-    replicas = self.strategy.num_replicas_in_sync
-    self.rows = -(-batch_size // replicas) * replicas  # Every replica the same slice.
-    self.function = None
+    self.batch_size, self.rows, self.function = batch_size, None, None
 
   def __call__(self, batch) -> object:
     count = len(tf.nest.flatten(batch)[0])
-    if self.function is None:
+    if self.function is None:  # A dataset's batch size is its first batch's.
+      replicas = self.strategy.num_replicas_in_sync
+      size = self.batch_size or count
+      self.rows = -(-size // replicas) * replicas  # Every replica the same slice.
       self.function = self._trace(batch)
+    if count > self.rows:
+      raise ValueError(f"x: a batch of {count} rows is larger than the first ({self.rows}); "
+                       "batch the dataset evenly")
     padded = tf.nest.map_structure(lambda a: _pad(np.asarray(a), self.rows), batch)
     output = self.function(padded)
     return tf.nest.map_structure(lambda t: t.numpy()[:count], output)

@@ -49,11 +49,12 @@ class ServedModel:
                          f"`tfdist export serving`. Received: {type(self._keras).__name__}")
       self.inputs = [TensorInfo(t.name, tuple(t.shape[1:]), _dtype(t.dtype))
                      for t in self._keras.inputs]
+      # Keras names a functional model's outputs; a Sequential's is its last layer's name.
       names = getattr(self._keras, "output_names", None) or [
-          f"output_{i}" for i in range(len(self._keras.outputs))]
+          t._keras_history.operation.name for t in self._keras.outputs]
       self.outputs = [TensorInfo(n, tuple(t.shape[1:]), _dtype(t.dtype))
                       for n, t in zip(names, self._keras.outputs)]
-    self._functions = {}
+    self._functions, self._function = {}, None
 
   def check(self, inputs) -> list[np.ndarray]:
     """`inputs` (an array, a list in input order, or a dict by name) as one array per input.
@@ -100,22 +101,19 @@ class ServedModel:
         info.name: o for info, o in zip(self.outputs, outputs)}
 
   def _trace(self, example: list[np.ndarray]):
-    specs = [tf.TensorSpec(a.shape, a.dtype) for a in example]
+    """The concrete function for `example`'s shapes, of one `tf.function` (a concrete function
+    per batch size, traced on purpose: no retracing warning)."""
+    if self._function is None:
+      self._function = tf.function(self._call)
+    return self._function.get_concrete_function(
+        *[tf.TensorSpec(a.shape, a.dtype) for a in example])
+
+  def _call(self, *tensors):
     if self._keras is None:
-      signature, names = self._signature, [i.name for i in self.inputs]
-
-      @tf.function(input_signature=specs)
-      def saved(*tensors):
-        result = signature(**dict(zip(names, tensors)))
-        return [result[o.name] for o in self.outputs]
-      return saved
-    model = self._keras
-
-    @tf.function(input_signature=specs)
-    def keras_model(*tensors):
-      x = tensors[0] if len(tensors) == 1 else list(tensors)
-      return tf.nest.flatten(model.predict_step((x,)))
-    return keras_model
+      result = self._signature(**dict(zip([i.name for i in self.inputs], tensors)))
+      return [result[o.name] for o in self.outputs]
+    x = tensors[0] if len(tensors) == 1 else list(tensors)
+    return tf.nest.flatten(self._keras.predict_step((x,)))
 
 
 def _checked(array, info: TensorInfo) -> np.ndarray:
