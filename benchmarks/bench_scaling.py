@@ -5,7 +5,9 @@ Where a 2-worker step goes: compute and input (the 1-worker step) and the rest (
 waiting). Then all-reduce bus bandwidth over tensor sizes, ring and auto, as nccl-tests define
 it: busbw = 2(n-1)/n x bytes / time.
 
-With `gradient_compression: bfloat16` as a third setup (half the all-reduce's bytes).
+With `gradient_compression: bfloat16` (half the all-reduce's bytes) and local gradient
+accumulation over 4 batches (one all-reduce per update), each against the 1-worker run of the
+same training options.
 
   python -m benchmarks.bench_scaling [--rounds 2]
 """
@@ -47,30 +49,36 @@ def value(output: str, name: str) -> float:
 
 def main(argv):
   del argv
-  one = "strategy: default\n" + TRAINING
   two = "cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, communication: %s}\n"
-  compressed = ("cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, "
-                "gradient_compression: bfloat16}\n" + TRAINING)
-  setups = [("1 worker", one, 1), ("2 workers (auto)", two % "auto" + TRAINING, 2),
-            ("2 workers, bfloat16 all-reduce", compressed, 2)]
-  results = {name: [] for name, _, _ in setups}
+  bf16 = ("cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, "
+          "gradient_compression: bfloat16}\n")
+  accumulate = TRAINING.replace("}", ", gradient_accumulation_steps: 4}")
+  # (name, config, workers, the 1-worker setup it scales)
+  setups = [("1 worker", "strategy: default\n" + TRAINING, 1, None),
+            ("2 workers (auto)", two % "auto" + TRAINING, 2, "1 worker"),
+            ("2 workers, bfloat16 all-reduce", bf16 + TRAINING, 2, "1 worker"),
+            ("1 worker, accumulation 4", "strategy: default\n" + accumulate, 1, None),
+            ("2 workers, local accumulation 4", two % "auto" + accumulate, 2,
+             "1 worker, accumulation 4"),
+            ("2 workers, local accumulation 4, bfloat16", bf16 + accumulate, 2,
+             "1 worker, accumulation 4")]
+  results = {name: [] for name, *_ in setups}
   steps = {name: [] for name in results}
   for _ in range(FLAGS.rounds):
-    for name, text, workers in setups:
+    for name, text, workers, _ in setups:
       output = run(text, "train", workers)
       results[name].append(value(output, "EXAMPLES_PER_SECOND"))
       steps[name].append(value(output, "STEP_SECONDS"))
-  single = statistics.median(results["1 worker"])
   print("| setup | examples/s (runs) | step ms | efficiency |\n|---|---|---|---|")
-  for name, runs in results.items():
-    workers = 1 if name == "1 worker" else 2
+  for name, text, workers, base in setups:
+    single = statistics.median(results[base or name])
+    runs = results[name]
     print(f"| {name} | {statistics.median(runs):,.0f} ({', '.join(f'{r:,.0f}' for r in runs)}) "
           f"| {1e3 * statistics.median(steps[name]):.1f} | "
           f"{statistics.median(runs) / (workers * single):.2f} |")
-  compute = statistics.median(steps["1 worker"])
-  for name in results:
-    if name != "1 worker":
-      total = statistics.median(steps[name])
+  for name, _, workers, base in setups:
+    if workers == 2:
+      total, compute = statistics.median(steps[name]), statistics.median(steps[base])
       print(f"\n{name}: a step of {1e3 * total:.1f} ms = compute and input {1e3 * compute:.1f} "
             f"ms + all-reduce and waiting {1e3 * (total - compute):.1f} ms")
   print("\n| bytes | ring busbw MB/s | auto busbw MB/s |\n|---|---|---|")

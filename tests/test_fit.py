@@ -193,3 +193,31 @@ def test_multi_worker_strategy_made_too_late_says_what_to_do(tmp_path):
   assert result.returncode == 1
   assert ("tfdist.errors.DeviceSetupError: multi_worker_mirrored must be made before TensorFlow "
           "runs anything") in result.stderr
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_local_accumulation_all_reduces_once_per_update():
+  """Under mirrored, 4-batch accumulation runs the gradients' all-reduce on every 4th batch
+  only (tfdist.training.accumulation), counted in the graph as it runs."""
+  import keras
+  import tensorflow as tf
+
+  counter = tf.Variable(0, trainable=False)  # A plain variable: each replica adds 1.
+
+  class CountAllReduces(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+      optimizer = self.model.optimizer
+      reduce = optimizer._all_reduce_sum_gradients
+
+      def counted(grads_and_vars):
+        counter.assign_add(1)
+        return reduce(grads_and_vars)
+      optimizer._all_reduce_sum_gradients = counted
+
+  x, y = case.data()
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": 2},
+            "training": {"mixed_precision": "off", "gradient_accumulation_steps": 4,
+                         "steps_per_execution": 3}}
+  tfdist.fit(case.model_fn, x, y, config=config, compile=case.compile_args, batch_size=32,
+             epochs=2, verbose=0, shuffle=False, callbacks=[CountAllReduces()])
+  assert int(counter.numpy()) == 2 * (2 * 8 // 4)  # 2 replicas x 4 updates in 16 batches.

@@ -179,21 +179,27 @@ def test_keras_distribution_on_the_tensorflow_backend_is_refused():
     keras.distribution.set_distribution(None)
 
 
+def launched_split_fit(tmp_path, config_text: str):
+  """Runs tests/programs/split_fit.py under `tfdist launch`: (its output, the chief's result)."""
+  config = tmp_path / "config.yaml"
+  config.write_text(config_text)
+  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          str(PROGRAMS / "split_fit.py"), str(tmp_path / "result.json"))
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  return output, json.loads((tmp_path / "result.json").read_text())
+
+
 def test_a_users_script_splits_its_model_from_the_config(tmp_path):
   """The YAML's parallel: section under `tfdist launch`, on 4 logical CPUs: placement and
   equality with plain Keras's unsplit training, in the launched process."""
-  config = tmp_path / "config.yaml"
-  config.write_text("devices: {logical_cpus: 4}\n"
-                    # Keras's own Adam update, as the plain-Keras reference uses.
-                    "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
-                    "fused_optimizer: false}\n"
-                    "parallel: {stages: balanced, microbatches: 4}\n")
-  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
-                          str(PROGRAMS / "split_fit.py"), str(tmp_path / "result.json"))
-  output = finish(launcher, 180, [])
-  assert launcher.returncode == 0, output[-3000:]
+  output, result = launched_split_fit(
+      tmp_path, "devices: {logical_cpus: 4}\n"
+      # Keras's own Adam update, as the plain-Keras reference uses.
+      "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
+      "fused_optimizer: false}\n"
+      "parallel: {stages: balanced, microbatches: 4}\n")
   assert "tfdist: model split into 4 stages (" in output and "4 micro-batches" in output
-  result = json.loads((tmp_path / "result.json").read_text())
   assert result["difference"] < 1e-5
   assert sorted(set(result["devices"].values())) == [f"CPU:{i}" for i in range(4)]
 
@@ -249,6 +255,9 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
   assert any(line.startswith("data parallel, each") and f"{weights:.2f} MiB" in line
              and f"{2 * weights:.2f} MiB" in line for line in lines)  # Adam: 2 slots.
   assert "data parallel: the whole model fits each device" in done.stdout
+  # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.
+  milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
+  assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout
   bad = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
                         "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=120)
@@ -261,18 +270,13 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
 def test_two_workers_each_splitting_its_model_train_as_one_device(tmp_path):
   """Hybrid: data parallel across 2 worker processes, each worker's model split over its own 2
   logical CPUs, gradients averaged with TensorFlow's collectives; equal to one device."""
-  config = tmp_path / "config.yaml"
-  config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
-                    "devices: {logical_cpus: 2}\n"
-                    "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
-                    "fused_optimizer: false}\n"
-                    "parallel: {stages: balanced, microbatches: 2}\n")
-  launcher = start_launch(str(config), "--logs", str(tmp_path / "logs"), "--", sys.executable,
-                          str(PROGRAMS / "split_fit.py"), str(tmp_path / "result.json"))
-  output = finish(launcher, 240, [])
-  assert launcher.returncode == 0, output[-3000:]
+  output, result = launched_split_fit(  # The chief's result.
+      tmp_path, "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+      "devices: {logical_cpus: 2}\n"
+      "training: {global_batch_size: 32, epochs: 2, mixed_precision: off, "
+      "fused_optimizer: false}\n"
+      "parallel: {stages: balanced, microbatches: 2}\n")
   assert "[worker-0] tfdist: model split into 2 stages (" in output
-  result = json.loads((tmp_path / "result.json").read_text())  # The chief's.
   assert result["difference"] < 1e-5
   assert sorted(set(result["devices"].values())) == ["CPU:0", "CPU:1"]
 

@@ -27,6 +27,9 @@ VARIANTS = {
     # 8 steps an epoch run as 3 + 3 + 2: no call may cross into the next epoch.
     "shuffled_steps_per_execution": {"seed": 7, "steps_per_execution": 3},
     "accumulation": {"gradient_accumulation_steps": 2},
+    # Updates every 3 batches of 8-step epochs run as calls of 5 + 3: accumulation across calls
+    # and epochs.
+    "accumulation_across_calls": {"gradient_accumulation_steps": 3, "steps_per_execution": 5},
     "scaled_lr": {"scale_learning_rate": True, "warmup_epochs": 1},
     "bfloat16": {"mixed_precision": "bfloat16"},
     # Loss scaling (Keras's LossScaleOptimizer) with tfdist's accumulation fix inside it.

@@ -45,6 +45,8 @@ def run(args: list[str], task: str | None) -> int:
   if capacity:
     print(f"each device: {capacity / 2 ** 30:.1f} GiB")
   print(planner.render(plan, capacity=capacity))
+  print(planner.allreduce_table(plan["data_parallel"].gradients,
+                                accumulation=config.training.gradient_accumulation_steps))
   print(planner.gpu_advice(model, batch))
   return 0
 

@@ -193,3 +193,34 @@ def gpu_advice(model, batch: int, repeats: int = 10) -> str:
              "the GPU pays off: a step outweighs the copy of its batch")
   return (f"GPU: copying a batch of {batch} takes {1000 * copy:.2f} ms, a forward and backward "
           f"pass {1000 * compute:.2f} ms: {verdict}")
+
+
+LINK_BYTES_PER_SECOND = 12.5e9  # 100 Gb/s (InfiniBand EDR, a 100 GbE NIC): the table's default.
+
+
+def allreduce_seconds(gradient_bytes: int, devices: int,
+                      bytes_per_second: float = LINK_BYTES_PER_SECOND) -> float:
+  """A ring all-reduce's time: 2(N-1)/N x bytes over the slowest link (nccl-tests' bus
+  bandwidth model; latency left out). Pure.
+
+  >>> round(allreduce_seconds(7_454_760, 8), 6)
+  0.001044
+  """
+  return 2 * (devices - 1) / devices * gradient_bytes / bytes_per_second
+
+
+def allreduce_table(gradient_bytes: int, compute_seconds: float | None = None,
+                    accumulation: int = 1, devices=(8, 64, 512),
+                    bytes_per_second: float = LINK_BYTES_PER_SECOND) -> str:
+  """The all-reduce's time per step at each device count, and (with the step's compute time)
+  the weak-scaling efficiency it allows with no overlap: compute / (compute + all-reduce), the
+  all-reduce's share divided by `accumulation` (one all-reduce per update). Pure."""
+  lines = [f"all-reduce of {gradient_bytes / 2 ** 20:.1f} MiB of gradients at "
+           f"{bytes_per_second * 8 / 1e9:.0f} Gb/s, 2(N-1)/N x bytes / bandwidth:"]
+  for n in devices:
+    seconds = allreduce_seconds(gradient_bytes, n, bytes_per_second) / accumulation
+    line = f"  {n:>4} devices: {1000 * seconds:.2f} ms a step"
+    if compute_seconds:
+      line += f", efficiency <= {compute_seconds / (compute_seconds + seconds):.2f}"
+    lines.append(line)
+  return "\n".join(lines)

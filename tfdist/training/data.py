@@ -98,6 +98,15 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
                   f"tf.distribute.InputContext. Received: {type(x).__name__}")
 
 
+def endless(dataset):
+  """`dataset` repeated without end (a Dataset whose epochs Keras counts by steps); anything
+  else as it is."""
+  if isinstance(dataset, tf.data.Dataset) and \
+      dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
+    return dataset.repeat()
+  return dataset
+
+
 def require_batch_size(batch_size: int | None, name: str) -> None:
   """Raises DataError when numpy input `name` has no batch size."""
   if not batch_size:

@@ -104,6 +104,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
       name="train_data", then=(hybrid and hybrid.worker_slice) or (clock and clock.stamped))
   epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
+  if keras_fixes.in_multi_worker_mode(strategy) and epoch_steps and not asynchronous:
+    # A finite dataset makes every multi-worker get_next all-reduce "has data" (a collective a
+    # step); an endless one of known epochs does not: Keras then counts the epochs' steps.
+    train, steps_per_epoch = data.endless(train), epoch_steps
   # Never more steps per call than an epoch has: the progress bar would count past the end.
   model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
@@ -138,7 +142,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
           report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, config))
     else:
       validation = _validation(validation_data, strategy, global_batch)
-      with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock), \
+      with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock, epoch_steps), \
           data.empty_batches_explained("train_data"):
         history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             validation_data=validation, callbacks=files + callbacks,

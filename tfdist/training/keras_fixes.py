@@ -14,6 +14,8 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
+from tfdist.training import accumulation
+
 
 # Versions known to need the fixes; raise the bound once a test shows a newer one still does.
 _BROKEN = (3, 0) <= tuple(int(p) for p in keras.version().split(".")[:2]) < (3, 16)
@@ -41,18 +43,27 @@ def _mirrors(strategy) -> bool:
 
 
 @contextlib.contextmanager
-def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None):
+def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
+              epoch_steps: int | None = None):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
   `steps_per_epoch` is the fit's, when it passes one to Keras; `clock` (a
-  `monitoring.step_times.StepClock`) times each training step of stamped batches."""
+  `monitoring.step_times.StepClock`) times each training step of stamped batches;
+  `epoch_steps` is the steps an epoch has, when known (local accumulation needs it: a call
+  must never ask for a batch past the end of the data)."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
-  if _BROKEN and _replicated(strategy) and getattr(optimizer, "gradient_accumulation_steps", None):
+  accumulating = _BROKEN and _replicated(strategy) and \
+      getattr(optimizer, "gradient_accumulation_steps", None)
+  if accumulating:
     # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
     # point) inside a cond, which tf.distribute refuses.
     optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
                                                           optimizer)
-  if clock is not None or (_BROKEN and model.steps_per_execution > 1 and
-                           (_mirrors(strategy) or steps_per_epoch)):
+  local = accumulating and epoch_steps and local_accumulation(model, strategy)
+  if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
+    accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
+    steps_per_epoch = steps_per_epoch or epoch_steps
+  if clock is not None or local or (_BROKEN and model.steps_per_execution > 1 and
+                                    (_mirrors(strategy) or steps_per_epoch)):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
     # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
@@ -121,34 +132,96 @@ def _reduce_scalars_whole(original, values, strategy, reduction):
   return tf.nest.map_structure(reduce, values)
 
 
+def local_accumulation(model, strategy) -> bool:
+  """Whether `model` accumulates gradients locally (`training.accumulation`): under mirrored or
+  multi_worker_mirrored, with Keras's own `train_step` (its logs are the metrics' results) and
+  no loss scaling (whose update runs inside a cond)."""
+  return _mirrors(strategy) and _keras_train_step(model) and \
+      not hasattr(model.optimizer, "inner_optimizer")
+
+
+def _keras_train_step(model) -> bool:
+  return "train_step" not in vars(model) and \
+      type(model).train_step is tf_trainer.TensorFlowTrainer.train_step
+
+
 def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, clock=None):
   """Keras's `_make_function` with the step inlined in one `tf.function` looping up to
   `steps_per_execution` steps while data remain, never past the end of an epoch of
-  `steps_per_epoch` steps (for the training function); returns the last step's outputs. With a
-  `clock`, each training step is timed from the moment it asks for its (stamped) batch."""
+  `steps_per_epoch` steps (for the training function). With a `clock`, each training step is
+  timed from the moment it asks for its (stamped) batch.
+
+  With Keras's own `train_step`, the logs are the metrics' results reduced once after the
+  loop, not every step's (under MultiWorkerMirrored each reduction is a collective); with local
+  gradient accumulation the steps run as "local" and "update" steps (`accumulation.layout`).
+  """
   one_step = getattr(type(self), "_make_function")(self, step_function)  # Keras's own.
   strategy = self.distribute_strategy
   training = step_function == self.train_step
   timed = clock.timed(step_function) if training and clock is not None else None
+  optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+  every = optimizer.gradient_accumulation_steps if training and \
+      hasattr(optimizer, "tfdist_phase") else 0  # Set by accumulation.install.
+  logs_once = training and _keras_train_step(self)
 
-  def one_step_on_data(data, requested_at):
-    outputs = (strategy.run(step_function, args=(data,)) if timed is None else
-               strategy.run(timed, args=(data, requested_at)))
+  def run(data, requested_at, phase=None):
+    if phase:
+      optimizer.tfdist_phase = phase  # Read while the optimizer's update is traced.
+    try:
+      return (strategy.run(step_function, args=(data,)) if timed is None else
+              strategy.run(timed, args=(data, requested_at)))
+    finally:
+      if phase:
+        optimizer.tfdist_phase = None
+
+  def reduced(outputs):
     return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+  def logs():
+    return reduced(strategy.run(self.get_metrics_result))
+
+  def step_on(iterator, phase):
+    requested_at = tf.timestamp()
+    run(iterator.get_next(), requested_at, phase)
+
+  def rest_of_call(iterator, steps, outputs):
+    """Steps 2..`steps` of a call while data remain; the last step's reduced outputs."""
+    for _ in tf.range(steps - 1):
+      requested_at = tf.timestamp()
+      data = iterator.get_next_as_optional()
+      if not data.has_value():
+        break
+      outputs = reduced(run(data.get_value(), requested_at))
+    return outputs
+
+  def rest_of_call_unreduced(iterator, steps):
+    for _ in tf.range(steps - 1):
+      requested_at = tf.timestamp()
+      data = iterator.get_next_as_optional()
+      if not data.has_value():
+        break
+      run(data.get_value(), requested_at)
 
   @tf.function(reduce_retracing=True)
   def steps_on_iterator(iterator, steps):
     requested_at = tf.timestamp()
-    # OutOfRange ends the epoch, as in Keras.
-    outputs = one_step_on_data(iterator.get_next(), requested_at)
-    for _ in tf.range(steps - 1):
-      with tf.control_dependencies(tf.nest.flatten(outputs)):
-        requested_at = tf.timestamp()
-      data = iterator.get_next_as_optional()
-      if not data.has_value():
-        break
-      outputs = one_step_on_data(data.get_value(), requested_at)
-    return outputs
+    outputs = run(iterator.get_next(), requested_at)  # OutOfRange ends the epoch, as in Keras.
+    if logs_once:
+      rest_of_call_unreduced(iterator, steps)
+      return logs()
+    return rest_of_call(iterator, steps, reduced(outputs))
+
+  @tf.function(reduce_retracing=True)
+  def steps_accumulating(iterator, steps):
+    # Keras counts batches in `_iterations` (`iterations` counts updates when accumulating).
+    lead, groups, trail = accumulation.layout(optimizer._iterations, steps, every)
+    for _ in tf.range(lead):
+      step_on(iterator, "local")
+    for group in tf.range(groups):
+      step_on(iterator, "update")
+      for _ in tf.range(tf.where(group < groups - 1, every - 1, trail)):
+        step_on(iterator, "local")
+    return logs()
 
   done_in_epoch = [0]  # Keras calls the function ceil(steps_per_epoch / steps) times an epoch.
 
@@ -159,7 +232,8 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
     if training and steps_per_epoch:
       steps = min(steps, steps_per_epoch - done_in_epoch[0])
       done_in_epoch[0] = (done_in_epoch[0] + steps) % steps_per_epoch
-    return steps_on_iterator(iterator, tf.constant(steps))
+    loop = steps_accumulating if every > 1 else steps_on_iterator
+    return loop(iterator, tf.constant(steps))
   return function
 
 
