@@ -104,9 +104,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
       name="train_data", then=(hybrid and hybrid.worker_slice) or (clock and clock.stamped))
   epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
-  if keras_fixes.in_multi_worker_mode(strategy) and epoch_steps and not asynchronous:
-    # A finite dataset makes every multi-worker get_next all-reduce "has data" (a collective a
-    # step); an endless one of known epochs does not: Keras then counts the epochs' steps.
+  if epoch_steps and not asynchronous:
+    # Epochs counted by steps over one endless stream: a finite dataset makes every
+    # multi-worker get_next all-reduce "has data" (a collective a step), and re-iterating it
+    # each epoch measured 1.75x slower even on one device (6.6k vs 11.7k examples/s).
     train, steps_per_epoch = data.endless(train), epoch_steps
   # Never more steps per call than an epoch has: the progress bar would count past the end.
   model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
