@@ -47,7 +47,8 @@ def test_check_reads_tf_config_from_the_environment():
 
 @pytest.mark.parametrize("args,message", [
     (["launch-everything"], "tfdist: the command must be one of check, launch, serve, export, "
-                            "tensorboard, env, plan. Received: 'launch-everything'"),
+                            "tensorboard, env, plan, model-server. "
+                            "Received: 'launch-everything'"),
     (["check", "--no-such-flag"], "tfdist: Unknown command line flag 'no-such-flag'"),
     (["check", str(CONFIGS / "mirrored.yaml"), "--task", "boss:0"],
      "tfdist check: --task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator. "

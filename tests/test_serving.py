@@ -340,3 +340,13 @@ def test_bulk_predict_on_a_two_worker_cluster_equals_one_device(tmp_path):
   for task in ("worker-0", "worker-1"):  # Every worker has every prediction, in order.
     result = json.loads((tmp_path / f"{task}.json").read_text())
     assert result["shape"] == [1003, 5] and result["difference"] < 1e-5, result
+
+
+def test_the_model_server_refuses_a_missing_model_in_one_line(tmp_path):
+  done = subprocess.run([sys.executable, "-m", "tfdist", "model-server", str(tmp_path / "x.keras"),
+                         "--name", "m"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1] == (
+      f"tfdist model-server: MODEL: must be a .keras file or a SavedModel directory. "
+      f"Received: '{tmp_path / 'x.keras'}'")

@@ -49,9 +49,19 @@ def run(args: list[str], task: str | None) -> int:
 def _serving(args: list[str]) -> int:
   if len(args) != 2:
     raise SystemExit(f"usage: {USAGE}")
+  require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   from tfdist.serving.export import export_for_serving
   saved = export_for_serving(args[0], args[1], max_batch_size=FLAGS["max-batch-size"].value,
                              max_wait_ms=FLAGS["max-wait-ms"].value)
   print(f"tfdist export serving: wrote {saved} (reloaded, equal) and "
         f"{pathlib.Path(args[1]) / 'batching_parameters.txt'}")
   return 0
+
+
+def require_model(path: str) -> None:
+  """Raises ConfigError unless `path` is a `.keras` file or a SavedModel directory."""
+  import os
+  if not (os.path.isfile(path) and path.endswith(".keras")) and \
+      not os.path.isfile(os.path.join(path, "saved_model.pb")):
+    raise ConfigError("must be a .keras file or a SavedModel directory", key="MODEL",
+                      received=path)

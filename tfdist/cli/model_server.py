@@ -24,6 +24,8 @@ def run(args: list[str], task: str | None) -> int:
   if not FLAGS.name:
     raise ConfigError("is required: the name clients call the model by", key="--name",
                       received=None)
+  from tfdist.cli.export import require_model
+  require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   try:
     from tfdist.serving import http
   except ImportError as e:

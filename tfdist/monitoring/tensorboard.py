@@ -53,8 +53,8 @@ def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | 
   throughput = Throughput(run if chief else os.path.join(run, task_name(config)),
                           "train" if chief else "", global_batch, profile=profile,
                           replicas=strategy.num_replicas_in_sync if chief else 0,
-                          step_times=clock and step_times.StepTimes(clock, strategy, task_name(config),
-                                                                   chief))
+                          step_times=clock and step_times.StepTimes(
+                              clock, strategy, task_name(config), chief))
   if not chief:
     return [throughput]
   curves = ClusterTensorBoard(run, update_freq=config.tensorboard.update_freq,
