@@ -29,7 +29,7 @@ def main(argv):
   import keras
 
   from tfdist.parallel import planner
-  from tfdist.parallel.split import split
+  from tfdist.parallel.split_model import split
   devices = FLAGS.devices or ["/device:CPU:0", "/device:CPU:1"]
   x, y = common.data(FLAGS.samples)
 

@@ -70,7 +70,7 @@ def trained(model):
 
 
 def split(model, stages, microbatches=1):
-  from tfdist.parallel.split import split as split_model
+  from tfdist.parallel.split_model import split as split_model
   return split_model(model, stages, devices=["/device:CPU:0", "/device:CPU:1"],
                      microbatches=microbatches)
 
@@ -163,7 +163,7 @@ def test_split_refusals_name_the_setting(change, key):
   model = change(sequential())
   devices = ["/device:CPU:0", "/device:GPU:3"] if key == "parallel.devices" else None
   stages = [["c"], ["a"]] if key == "parallel.stages" else [["a"], ["b", "c"]]
-  from tfdist.parallel.split import split as split_model
+  from tfdist.parallel.split_model import split as split_model
   with pytest.raises(ConfigError) as error:
     split_model(model, stages, devices=devices or ["/device:CPU:0", "/device:CPU:1"])
   assert str(error.value).startswith(key) or f" {key}:" in str(error.value), str(error.value)
@@ -216,7 +216,7 @@ def cnn():
 @pytest.mark.parametrize("make", [sequential, functional, cnn])
 def test_the_planners_bytes_per_device_match_the_variables_placed(make):
   from tfdist.parallel import planner
-  from tfdist.parallel.split import split as split_model
+  from tfdist.parallel.split_model import split as split_model
   model = make()
   plan = planner.plan_memory(model, batch=8, devices=2)
   model = split_model(model, "balanced", devices=["/device:CPU:0", "/device:CPU:1"])
@@ -282,7 +282,7 @@ def test_two_workers_each_splitting_its_model_train_as_one_device(tmp_path):
 
 
 def test_recomputed_activations_train_as_the_unsplit_model():
-  from tfdist.parallel.split import split as split_model
+  from tfdist.parallel.split_model import split as split_model
 
   def matmuls(model):
     spec = (tf.TensorSpec([24, 8]), tf.TensorSpec([24, 3]))

@@ -139,7 +139,7 @@ def test_deadlines_and_the_queue_bound_are_honoured():
 
 
 def test_a_model_split_over_devices_is_served_through_the_predictor(model):
-  from tfdist.parallel.split import split
+  from tfdist.parallel.split_model import split
   reference = model.predict(X, verbose=0)
   split_model = split(mlp(), "balanced", devices=["/device:CPU:0", "/device:CPU:1"],
                       microbatches=2)

@@ -1,1 +1,9 @@
-"""Inference: fast bulk prediction, request batching, an HTTP endpoint, SavedModel export."""
+"""Inference: fast bulk prediction, request batching, an HTTP endpoint, SavedModel export.
+
+```python
+from tfdist.serving import BatchingPredictor
+predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=2)
+```
+"""
+
+from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull  # noqa: F401

@@ -183,7 +183,7 @@ def _build(model_fn, compile, strategy, config: Config, hybrid=None):
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
     if config.parallel.enabled:
-      from tfdist.parallel.split import describe, split
+      from tfdist.parallel.split_model import describe, split
       split(model, config.parallel.stages, devices=config.parallel.devices or None,
             microbatches=config.parallel.microbatches, recompute=config.parallel.recompute,
             reduce_gradients=hybrid and hybrid.mean_gradients)

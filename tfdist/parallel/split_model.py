@@ -1,4 +1,5 @@
-"""`tfdist.parallel.split`: one Keras model split over this process's devices.
+"""`tfdist.parallel.split` (`from tfdist.parallel import split`): one Keras model split over
+this process's devices.
 
 Each layer's variables and ops go to its stage's device, the optimizer's slots and updates
 with their variables, gradients with their forward ops; activations cross devices only where a
@@ -13,8 +14,8 @@ parallel:
 ```
 
 ```python
-model = tfdist.parallel.split(model, [["dense", "dense_1"], ["dense_2"]],
-                              devices=["/device:GPU:0", "/device:GPU:1"], microbatches=4)
+model = split(model, [["dense", "dense_1"], ["dense_2"]],
+              devices=["/device:GPU:0", "/device:GPU:1"], microbatches=4)
 model.fit(x, y)
 ```
 """
