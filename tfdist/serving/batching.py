@@ -179,7 +179,7 @@ class BatchingPredictor:
     if not live:
       return
     rows = sum(r.rows for r in live)
-    size = next(s for s in self.sizes if s >= rows)
+    size = self._size(rows)
     inputs = [np.concatenate([r.inputs[i] for r in live]) for i in range(len(live[0].inputs))]
     started = time.monotonic()
     try:
@@ -198,10 +198,13 @@ class BatchingPredictor:
           lambda o, s=start, r=request: o[s:s + r.rows], outputs))
       start += request.rows
 
+  def _size(self, rows: int) -> int:
+    """The traced batch size `rows` are padded to."""
+    return next(s for s in self.sizes if s >= rows)
+
   def _run_alone(self, request: _Request) -> None:
-    size = next(s for s in self.sizes if s >= request.rows)
     try:
-      request.future.set_result(self.model.run(request.inputs, size))
+      request.future.set_result(self.model.run(request.inputs, self._size(request.rows)))
     except Exception as e:  # pylint: disable=broad-except
       request.future.set_exception(e)
 

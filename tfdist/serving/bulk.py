@@ -22,6 +22,8 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
+from tfdist.serving.model import pad_rows
+
 
 def bulk_predict(model, x, *, batch_size: int | None, out=None, stream: bool = False):
   """Predicts `x` (numpy arrays, or a `tf.data.Dataset` of batches) in input order.
@@ -77,7 +79,7 @@ class _Step:
     if count > self.rows:
       raise ValueError(f"x: a batch of {count} rows is larger than the first ({self.rows}); "
                        "batch the dataset evenly")
-    padded = tf.nest.map_structure(lambda a: _pad(np.asarray(a), self.rows), batch)
+    padded = tf.nest.map_structure(lambda a: pad_rows(np.asarray(a), self.rows), batch)
     output = self.function(padded)
     return tf.nest.map_structure(lambda t: t.numpy()[:count], output)
 
@@ -119,12 +121,6 @@ def _rows(x) -> int | None:
   if isinstance(x, tf.data.Dataset):
     return None
   return len(tf.nest.flatten(x)[0])
-
-
-def _pad(array: np.ndarray, rows: int) -> np.ndarray:
-  if len(array) == rows:
-    return array
-  return np.concatenate([array, np.zeros((rows - len(array), *array.shape[1:]), array.dtype)])
 
 
 def _allocate(output, rows: int, path=None):

@@ -91,8 +91,7 @@ class ServedModel:
     """The outputs of `inputs` (rows <= `size`, padded to it for the traced function): an array
     for one output, else a dict by name."""
     rows = len(inputs[0])
-    padded = [np.concatenate([a, np.zeros((size - rows, *a.shape[1:]), a.dtype)])
-              if rows < size else a for a in inputs]
+    padded = [pad_rows(a, size) for a in inputs]
     if size not in self._functions:
       self._functions[size] = self._trace(padded)
     outputs = self._functions[size](*padded)
@@ -114,6 +113,13 @@ class ServedModel:
       return [result[o.name] for o in self.outputs]
     x = tensors[0] if len(tensors) == 1 else list(tensors)
     return tf.nest.flatten(self._keras.predict_step((x,)))
+
+
+def pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+  """`array` with rows of zeros appended up to `rows` (a traced function's batch size)."""
+  if len(array) == rows:
+    return array
+  return np.concatenate([array, np.zeros((rows - len(array), *array.shape[1:]), array.dtype)])
 
 
 def _checked(array, info: TensorInfo) -> np.ndarray:

@@ -21,7 +21,6 @@ def install(optimizer, dtype: str) -> None:
   """Makes `optimizer` all-reduce its gradients in `dtype` (bfloat16 or float16)."""
   optimizer._all_reduce_sum_gradients = types.MethodType(
       lambda self, grads_and_vars: all_reduce_in(grads_and_vars, dtype), optimizer)
-  optimizer._tfdist_all_reduce_dtype = dtype  # tfdist's accumulation fix reduces in it too.
 
 
 def all_reduce_in(grads_and_vars, dtype: str):
@@ -37,10 +36,8 @@ def all_reduce_in(grads_and_vars, dtype: str):
   return pairs
 
 
-def reduce_sum(grads, dtype: str | None):
-  """The replicas' sum of `grads`, taken in `dtype` (None: their own), in their own dtype."""
+def reduce_sum(grads, dtype: str):
+  """The replicas' sum of `grads`, taken in `dtype`, in their own dtype."""
   context = tf.distribute.get_replica_context()
-  if dtype is None:
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
   reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [tf.cast(g, dtype) for g in grads])
   return [tf.cast(r, g.dtype) for r, g in zip(reduced, grads)]

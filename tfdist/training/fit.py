@@ -76,11 +76,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
     import tensorflow as tf
     strategy = tf.distribute.get_strategy()
-  global_batch = (batch_size or batch_sizes(training, hybrid.workers).global_batch_size
-                  if hybrid else _batch(config, strategy, batch_size))
+  replicas = hybrid.workers if hybrid else strategy.num_replicas_in_sync
+  global_batch = batch_size or batch_sizes(training, replicas).global_batch_size
   epochs = epochs or training.epochs
   model, policy, fused = _build(model_fn, compile, strategy, config, hybrid)
-  replicas = hybrid.workers if hybrid else strategy.num_replicas_in_sync
   if evaluator:
     from tfdist.training.evaluator import evaluate_checkpoints
     return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
@@ -95,10 +94,11 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
   asynchronous = config.strategy.name == "parameter_server"
   from tfdist.monitoring import step_times, tensorboard
+  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
   clock = None if asynchronous or hybrid or not config.tensorboard.log_dir else \
       step_times.StepClock()
   if clock:
-    clock.time_all_reduce(getattr(model.optimizer, "inner_optimizer", model.optimizer))
+    clock.time_all_reduce(optimizer)
   train = None if asynchronous else data.make_dataset(
       train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
@@ -111,7 +111,6 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     train, steps_per_epoch = data.endless(train), epoch_steps
   # Never more steps per call than an epoch has: the progress bar would count past the end.
   model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
-  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
   if training.scale_learning_rate or training.warmup_epochs:
     from tfdist.training import schedule
     multiplier = replicas if training.scale_learning_rate else 1
