@@ -1,7 +1,8 @@
 """(c) Achieved FLOP/s of tfdist training as a fraction of this machine's measured matmul peak.
 
 Training FLOPs per example are taken as 6 x parameters (forward 2, backward 4) for the MLP
-784-1024-1024-10; the peak is a 2048^3 matmul in a tf.function, float32 and bfloat16.
+784-1024-1024-10; the peak is the one TensorBoard's epoch_mfu uses (`tfdist.machine.speed`:
+a 2048^3 matmul on a CPU, 8192^3 on a GPU, cached per machine), float32 and bfloat16.
 
   python benchmarks/bench_flops.py
 """
@@ -17,9 +18,9 @@ FLAGS = flags.FLAGS
 BATCH = 256
 
 
-def matmul_peak(dtype, size=2048, repeats=10) -> float:
-  from tfdist.monitoring.tensorboard import matmul_peak as peak  # The one TensorBoard's MFU uses.
-  return peak(dtype, size=size, repeats=repeats)
+def matmul_peak(dtype) -> float:
+  from tfdist.machine.speed import matmul_peak as peak  # The one TensorBoard's MFU uses.
+  return peak(dtype.name).flops
 
 
 def main(argv):

@@ -36,3 +36,13 @@ def test_uneven_global_batch_is_refused():
   with pytest.raises(ConfigError, match=r"training.global_batch_size: must be a multiple of the "
                      r"3 replicas. Received: 64"):
     batch_sizes(TrainingConfig(global_batch_size=64), 3)
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_script_reads_the_global_batch_size_of_its_config():
+  import tfdist
+  mirrored = {"strategy": "mirrored", "devices": {"logical_cpus": 2}}
+  assert tfdist.global_batch_size({**mirrored, "training": {"per_replica_batch_size": 16}}) == 32
+  assert tfdist.global_batch_size({"training": {"global_batch_size": 48}}) == 48
+  with pytest.raises(ConfigError, match="training.global_batch_size: is not set"):
+    tfdist.global_batch_size({"strategy": "default"})

@@ -22,7 +22,10 @@ def test_env_reports_versions_build_devices_and_what_auto_picks():
   facts = json.loads(result.stdout.strip().splitlines()[-1])
   assert facts["tensorflow"] == tf.__version__
   assert facts["tensorflow_build"] == "cpu" and facts["gpus"] == []
-  assert facts["auto_precision"] in ("float32", "mixed_bfloat16")
+  assert facts["auto_precision"].split()[0] in ("float32", "mixed_bfloat16")
+  if facts["auto_precision"] != "float32":  # A CPU with a half type: auto measured it.
+    assert " measured " in facts["auto_precision"]
+  assert result.stderr == ""  # No TensorFlow banners (absl prints them before its log level).
   assert len(facts["free_ports"]) == 2 and all(1024 < p < 65536 for p in facts["free_ports"])
   text = tfdist().stdout
   assert f"tensorflow: {tf.__version__}\n" in text and "gpus: none\n" in text
@@ -34,6 +37,17 @@ def test_env_of_a_cluster_runs_on_every_task_and_says_what_differs():
   assert "== worker-0\n" in result.stdout and "== worker-1\n" in result.stdout
   assert '"task": {"index": 1, "type": "worker"}' in result.stdout
   assert result.stdout.rstrip().endswith("the 2 tasks agree")
+
+
+def test_env_of_a_cluster_as_json_and_of_a_single_machine_config():
+  result = tfdist(str(CONFIGS / "multi_worker_mirrored.yaml"), "--json")
+  assert result.returncode == 0, result.stderr
+  report = json.loads(result.stdout)
+  assert sorted(report["tasks"]) == ["worker-0", "worker-1"] and report["differences"] == []
+  assert report["tasks"]["worker-0"]["tensorflow"] == tf.__version__
+  single = tfdist(str(CONFIGS / "mirrored.yaml"))
+  assert single.returncode == 0, single.stderr
+  assert single.stdout.startswith("== local\n") and f"tensorflow: {tf.__version__}\n" in single.stdout
 
 
 def test_differences_name_the_fact_and_each_tasks_value():

@@ -262,8 +262,9 @@ def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
      "cluster: must name the replicas"),
     (["nomad", "configs/default.yaml"], "engine: must be one of slurm, kubernetes, serving. "
      "Received: 'nomad'"),
-    (["serving", "no-such.keras", "out"], "MODEL: must be a .keras file or a SavedModel "
-     "directory. Received: 'no-such.keras'"),
+    (["serving", "no-such.keras", "out"], "MODEL: must be a .keras file, a SavedModel "
+     "directory, or a directory of numbered SavedModel versions (TensorFlow Serving's layout). "
+     "Received: 'no-such.keras'"),
     (["slurm", "configs/multi_worker_mirrored.yaml", "--nodes", "3", "--", "python"],
      "--nodes: must be from 1 to the cluster's 2 task(s). Received: 3"),
     (["slurm", "configs/multi_worker_mirrored.yaml"], "command: must be given after --"),

@@ -53,7 +53,7 @@ def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
                     f"checkpoint: {{dir: {checkpoints}}}\n")
   tmp = tmp_path / "tmp"
   tmp.mkdir()
-  env = {"TMPDIR": str(tmp)}
+  env = {"TMPDIR": str(tmp), "CSV_LOG": str(tmp_path / "log.csv")}
   with running(_start_cluster(config, tmp_path / "first", {**env, "PAUSE_AFTER_EPOCH":
                                                            str(KILLED_AFTER_EPOCH)})) as first:
     _wait_for(first[1], f"EPOCH_END {KILLED_AFTER_EPOCH - 1}", 180)
@@ -70,6 +70,9 @@ def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
     for got, want in zip(weights, uninterrupted_weights):
       np.testing.assert_allclose(got, want, atol=1e-5)
 
+  # The user's CSVLogger appended after the restart: every epoch once, the first run's kept.
+  rows = (tmp_path / "log.csv").read_text().splitlines()
+  assert [row.split(",")[0] for row in rows] == ["epoch", *map(str, range(resumable.EPOCHS))]
   # Only the chief's files: its checkpoints and final model; no backups, no worker files.
   names = sorted(os.listdir(checkpoints))
   assert names == [f"epoch-{e:04d}.weights.h5" for e in range(4, 7)] + ["model.keras"], names

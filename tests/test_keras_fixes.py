@@ -65,3 +65,33 @@ def test_keras_20582_mirrored_gradient_accumulation_fails_without_the_fix():
   with pytest.raises(RuntimeError, match="`merge_call` called while defining a new graph"):
     model.fit(x, x[:, :2], batch_size=8, verbose=0)
     pytest.fail("keras#20582 looks fixed: drop the gradient accumulation fix")
+
+
+def _string_model():
+  inputs = keras.Input((), dtype="string")
+  lookup = keras.layers.StringLookup(vocabulary=["good", "bad"])(inputs)
+  return keras.Model(inputs, keras.layers.Dense(1)(keras.ops.expand_dims(
+      keras.ops.cast(lookup, "float32"), -1)))
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_20585_mirrored_fit_of_string_inputs_fails_without_the_fix():
+  strategy = tfdist.mirrored(logical_cpus=2)
+  with strategy.scope():
+    model = _string_model()
+    model.compile(optimizer="sgd", loss="mse")
+  x, y = tf.constant(["good", "bad"] * 8), tf.ones((16, 1))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="of string is not in the list"):
+    model.fit(x, y, batch_size=8, verbose=0)
+    pytest.fail("keras#20585 looks fixed for strings: the symbolic build no longer adds them")
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_string_inputs_train_under_mirrored_with_the_fix():
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": 2},
+            "training": {"global_batch_size": 8, "mixed_precision": "off"}}
+  x, y = tf.constant(["good", "bad"] * 8), tf.ones((16, 1))
+  history = tfdist.fit(_string_model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+                       config=config, compile=dict(optimizer="sgd", loss="mse"), epochs=2,
+                       verbose=0)
+  assert len(history.history["loss"]) == 2

@@ -3,6 +3,7 @@ MultiWorkerMirrored launch and a parameter-server launch, the event files read b
 TensorBoard's own EventAccumulator; `tfdist tensorboard` answering over HTTP on 127.0.0.1."""
 
 import json
+import os
 import pathlib
 import re
 import signal
@@ -206,8 +207,10 @@ def test_tfdist_tensorboard_serves_the_scalars_on_loopback(runs):
     query = "data/plugin/scalars/scalars?run=launch%2Ftrain&tag=epoch_loss"
     points = json.loads(urllib.request.urlopen(url + query).read())
     assert [step for _, step, _ in points] == [0, 1, 2]
-    server.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    os.killpg(server.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group.
     assert server.wait(timeout=15) == 0
+    assert time.monotonic() - started < 5  # TensorBoard hangs on SIGINT; tfdist's SIGTERM ends it.
   finally:
     if server.poll() is None:
       server.kill()

@@ -64,8 +64,24 @@ def subclassed():
   return model
 
 
+def embedding():
+  """Token ids in: the Embedding's gradient is sparse (IndexedSlices), and micro-batches
+  looking up the same rows must add up."""
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential([keras.Input((8,), dtype="int32"),
+                            keras.layers.Embedding(12, 4, name="embed"),
+                            keras.layers.GlobalAveragePooling1D(name="pool"),
+                            keras.layers.Dense(3, name="c")])
+  model.compile(keras.optimizers.Adam(0.01), "mse")
+  return model
+
+
+TOKENS = (X * 12).astype("int32")  # Every row repeats ids: 96 x 8 lookups of 12 rows.
+
+
 def trained(model):
-  model.fit(X, Y, batch_size=24, epochs=3, shuffle=False, verbose=0)
+  x = TOKENS if "embed" in [layer.name for layer in model.layers] else X
+  model.fit(x, Y, batch_size=24, epochs=3, shuffle=False, verbose=0)
   return model
 
 
@@ -111,14 +127,16 @@ def test_forward_and_gradient_ops_run_on_their_stages_device():
 @pytest.mark.parametrize("microbatches", [1, 4, 5])  # 24 / 5: micro-batches of 5 and 4.
 @pytest.mark.parametrize("make,stages", [(sequential, [["a"], ["b", "c"]]),
                                          (functional, "balanced"),
-                                         (subclassed, [[0], [1]])])
+                                         (subclassed, [[0], [1]]),
+                                         (embedding, [["embed"], ["pool", "c"]])])
 def test_a_split_model_trains_and_predicts_as_the_unsplit_one(make, stages, microbatches):
   reference = trained(make())
   model = trained(split(make(), stages, microbatches))
   assert largest_difference(model, reference) < 1e-5
   import tfdist
-  np.testing.assert_allclose(tfdist.predict(model, X, batch_size=24, verbose=0),
-                             reference.predict(X, batch_size=24, verbose=0), atol=1e-5)
+  x = TOKENS if make is embedding else X
+  np.testing.assert_allclose(tfdist.predict(model, x, batch_size=24, verbose=0),
+                             reference.predict(x, batch_size=24, verbose=0), atol=1e-5)
 
 
 def test_balanced_stages_even_out_the_parameters():
@@ -242,7 +260,9 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
       "  model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024),\n"
       "                            keras.layers.Dense(10)])\n"
       "  model.compile('adam', 'mse')\n"
-      "  return model\n")
+      "  return model\n"
+      "def uncompiled():\n"
+      "  return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])\n")
   (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
                                         "parallel: {stages: balanced}\n")
   done = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
@@ -258,6 +278,12 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
   # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
   assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout
+  assert "optimizer: not counted" not in done.stdout
+  bare = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+                         "models:uncompiled", "--batch", "8"], cwd=tmp_path, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert ("optimizer: not counted: models:uncompiled returns a model that is not compiled"
+          in bare.stdout), bare.stdout + bare.stderr[-2000:]
   bad = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
                         "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=120)

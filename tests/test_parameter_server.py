@@ -59,6 +59,10 @@ def test_cluster_converges_with_every_update_counted(trained):
   assert chief["iterations"] == 4 * 50  # Keras alone undercounts (test below).
   assert chief["history"]["val_loss"][-1] < 1e-4 < chief["history"]["loss"][0]
   assert chief["workers_running_steps"] == 2
+  assert chief["keras_predict"] == (
+      "UnsupportedError: model.predict under parameter_server: Keras 3 cannot run it through "
+      "TensorFlow's ClusterCoordinator (keras-team/keras#18624); call tfdist.predict(model, x) "
+      "instead, which runs it on the chief")
   assert len(re.findall(r"\[chief-0\] 50/50 - .* - loss: .* - mae: .* - val_loss: ", output)) == 4
 
 

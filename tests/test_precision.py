@@ -5,39 +5,96 @@ import numpy as np
 import pytest
 
 import tfdist
+from tfdist.machine import facts, speed
 from tfdist.training import precision
 from tests.programs import equivalence_case as case
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # TensorFlow starts with the suite's devices.
 
 
-@pytest.mark.parametrize("mode,flags,gpus,policy", [
-    ("off", {"avx512_bf16"}, [(9, 0)], "float32"),
-    ("bfloat16", set(), [], "mixed_bfloat16"),
-    ("float16", set(), [], "mixed_float16"),
-    ("auto", {"avx512f", "amx_bf16"}, [], "mixed_bfloat16"),
-    ("auto", {"avx512f", "avx512_bf16"}, [], "mixed_bfloat16"),
-    ("auto", {"avx512f", "avx2"}, [], "float32"),
-    ("auto", set(), [(8, 0), (9, 0)], "mixed_bfloat16"),
-    ("auto", {"avx512_bf16"}, [(7, 5)], "mixed_float16"),  # The GPUs decide, the oldest one.
-    ("auto", set(), [(8, 6), (7, 0)], "mixed_float16"),
-    ("auto", set(), [(6, 1)], "float32"),
+@pytest.mark.parametrize("flags,gpus,half", [
+    ({"avx512f", "amx_bf16"}, [], "bfloat16"),
+    ({"avx512f", "avx512_bf16"}, [], "bfloat16"),
+    ({"avx512f", "avx2"}, [], None),
+    (set(), [(8, 0), (9, 0)], "bfloat16"),
+    ({"avx512_bf16"}, [(7, 5)], "float16"),  # The GPUs decide, the oldest one.
+    (set(), [(8, 6), (7, 0)], "float16"),
+    (set(), [(6, 1)], None),
 ])
-def test_policy_for_each_mode_and_machine(mode, flags, gpus, policy):
-  assert precision.choose_policy(mode, flags, gpus) == policy
+def test_the_half_type_worth_measuring_on_each_machine(flags, gpus, half):
+  assert precision.half_candidate(flags, gpus) == half
 
 
-def test_auto_leaves_float16_out_where_loss_scaling_fails():
-  assert precision.choose_policy("auto", set(), [(7, 5)], loss_scaling=False) == "float32"
-  assert precision.choose_policy("auto", set(), [(8, 0)], loss_scaling=False) == "mixed_bfloat16"
+def test_float16_is_left_out_where_loss_scaling_fails():
+  assert precision.half_candidate(set(), [(7, 5)], loss_scaling=False) is None
+  assert precision.half_candidate(set(), [(8, 0)], loss_scaling=False) == "bfloat16"
+
+
+@pytest.mark.parametrize("mode,half,speedup,policy", [
+    ("off", "bfloat16", 3.0, "float32"),
+    ("bfloat16", None, None, "mixed_bfloat16"),
+    ("float16", None, 0.5, "mixed_float16"),
+    ("auto", "bfloat16", 1.68, "mixed_bfloat16"),
+    ("auto", "bfloat16", 0.6, "float32"),  # AVX-512 BF16 without AMX, measured slower.
+    ("auto", "bfloat16", 1.05, "float32"),  # Within noise: exactness wins.
+    ("auto", "float16", 2.0, "mixed_float16"),
+    ("auto", None, None, "float32"),
+])
+def test_policy_for_each_mode_and_measurement(mode, half, speedup, policy):
+  assert precision.choose_policy(mode, half, speedup) == policy
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\n"
                      "processor\t: 1\nflags\t\t: fpu amx_bf16\n")
-  assert precision.cpu_flags(cpuinfo) == {"fpu", "avx512f", "avx512_bf16", "amx_bf16"}
-  assert precision.cpu_flags(tmp_path / "missing") == set()
+  assert facts.cpu_flags(cpuinfo) == {"fpu", "avx512f", "avx512_bf16", "amx_bf16"}
+  assert facts.cpu_flags(tmp_path / "missing") == set()
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch, tmp_path):
+  """A CPU with AVX-512 BF16 and an empty cache of measurements in `tmp_path`."""
+  monkeypatch.setattr(facts, "cpu_flags", lambda *_: {"avx512_bf16"})
+  monkeypatch.setattr(facts, "gpu_capabilities", lambda: [])
+  monkeypatch.setenv(speed.CACHE_ENV, str(tmp_path))
+  monkeypatch.setattr(speed, "_MEMO", {})
+
+
+def test_auto_measures_once_per_machine_and_caches(bf16_cpu, monkeypatch):
+  calls = []
+
+  def measure(half, device):
+    calls.append((half, device))
+    return 1.9
+  chosen = precision.policy_for("auto", measure=measure)
+  assert chosen.policy == "mixed_bfloat16" and calls == [("bfloat16", "/CPU:0")]
+  assert chosen.measured().startswith("bfloat16 measured 1.90x float32 on ")
+  monkeypatch.setattr(speed, "_MEMO", {})  # A new process: the file answers.
+  again = precision.policy_for("auto", measure=measure)
+  assert again.policy == "mixed_bfloat16" and len(calls) == 1
+  assert again.measured().endswith("(cached)")
+
+
+def test_the_probe_times_both_types_on_this_device():
+  assert speed.probe_speedup("bfloat16", "/CPU:0", width=64, steps=2, rounds=1) > 0
+
+
+@pytest.mark.parametrize("speedup,policy,said", [
+    (2.0, "mixed_bfloat16", "bfloat16 mixed precision (auto: bfloat16 measured 2.00x float32 on "),
+    (0.6, "float32", "float32: bfloat16 measured 0.60x float32 on "),
+])
+def test_fit_follows_the_probes_answer_and_says_what_it_measured(bf16_cpu, capsys, speedup,
+                                                                  policy, said):
+  precision.policy_for("auto", measure=lambda half, device: speedup)  # The machine's cache.
+  speed._MEMO.clear()
+  x, y = case.data()
+  model = tfdist.fit(case.model_fn, x, y, config={"strategy": "default"},
+                     compile=case.compile_args, batch_size=32, epochs=1, verbose=0).model
+  assert model.layers[0].dtype_policy.name == policy
+  line = next(line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("tfdist: default"))
+  assert said in line and "(cached)" in line, line
 
 
 def test_bfloat16_model_computes_in_bfloat16_with_float32_outputs():

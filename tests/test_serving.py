@@ -159,15 +159,15 @@ def saved(tmp_path_factory, model):
   return path
 
 
-def start_server(model_path, *flags):
+def start_server(model_path, *flags, name="digits"):
   server = subprocess.Popen([sys.executable, "-m", "tfdist", "model-server", str(model_path),
-                             "--name", "digits", *flags], cwd=REPO, env=ENV,
+                             "--name", name, *flags], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
   deadline, seen = time.monotonic() + 90, []
   for line in server.stdout:
     seen.append(line)
-    match = re.search(r"(http://127\.0\.0\.1:\d+)/v1/models/digits", line)
+    match = re.search(rf"(http://127\.0\.0\.1:\d+)/v1/models/{name}", line)
     if match:
       return server, match.group(1)
     if time.monotonic() > deadline:
@@ -348,5 +348,84 @@ def test_the_model_server_refuses_a_missing_model_in_one_line(tmp_path):
                         timeout=120)
   assert done.returncode == 2
   assert done.stderr.strip().splitlines()[-1] == (
-      f"tfdist model-server: MODEL: must be a .keras file or a SavedModel directory. "
+      f"tfdist model-server: MODEL: must be a .keras file, a SavedModel directory, or a "
+      f"directory of numbered SavedModel versions (TensorFlow Serving's layout). "
       f"Received: '{tmp_path / 'x.keras'}'")
+
+
+# -- a text model, end to end --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+  """A user's text classifier trained under mirrored (2 logical CPUs) through the launcher and
+  exported for TensorFlow Serving: (the .keras file, the export directory)."""
+  from tests.conftest import PROGRAMS
+  from tests.launching import finish, start_launch
+  out = tmp_path_factory.mktemp("text")
+  (out / "config.yaml").write_text("strategy: mirrored\ndevices: {logical_cpus: 2}\n"
+                                   "training: {global_batch_size: 32, epochs: 2}\n")
+  launch = start_launch(str(out / "config.yaml"), "--logs", str(out / "logs"), "--",
+                        sys.executable, str(PROGRAMS / "text_classifier.py"), str(out))
+  output = finish(launch, 240, [])
+  assert launch.returncode == 0, output[-3000:]
+  done = subprocess.run([sys.executable, "-m", "tfdist", "export", "serving",
+                         str(out / "text.keras"), str(out / "export")], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+  assert "reloaded, equal" in done.stdout and done.stderr == "", done.stderr[-2000:]
+  return out / "text.keras", out / "export"
+
+
+def test_a_text_model_is_exported_and_served_from_tensorflow_servings_layout(text_model):
+  keras_file, export = text_model
+  sentences = ["good great movie", "awful bad plot the", ""]
+  reference = keras.models.load_model(keras_file).predict(tf.constant(sentences), verbose=0)
+  process, url = start_server(export, name="text")  # Version folders: the newest, 1.
+  try:
+    for path in ("text:predict", "text/versions/1:predict"):
+      status, _, body = call(f"{url}/v1/models/{path}", {"instances": sentences})
+      assert status == 200, body
+      np.testing.assert_allclose(json.loads(body)["predictions"], reference, atol=1e-5)
+    status, _, body = call(f"{url}/v1/models/text:predict",
+                           {"instances": [{"text": s} for s in sentences]})  # Named rows.
+    np.testing.assert_allclose(json.loads(body)["predictions"], reference, atol=1e-5)
+    status, _, body = call(f"{url}/v1/models/text:predict", {"inputs": {"text": sentences}})
+    np.testing.assert_allclose(json.loads(body)["outputs"], reference, atol=1e-5)
+    assert call(f"{url}/v1/models/text/versions/1")[0] == 200
+    status, _, body = call(f"{url}/v1/models/text/versions/2:predict", {"instances": ["a"]})
+    assert status == 404 and json.loads(body)["error"] == (
+        "model 'text' has no version '2'; this server serves version 1")
+    status, _, body = call(f"{url}/v1/models/text:predict", {"instances": [3]})
+    assert status == 400 and json.loads(body)["error"] == (
+        "input text: expected string values. Received: int64 values")
+    metrics = call(f"{url}/metrics")[2].decode()
+    assert 'tfdist_requests_total{code="200",model="text"} 5.0' in metrics, metrics
+    assert 'tfdist_requests_total{code="404",model="text"} 1.0' in metrics
+    assert 'tfdist_requests_total{code="400",model="text"} 1.0' in metrics
+  finally:
+    stop(process)
+
+
+def test_a_token_id_model_refuses_an_id_past_its_vocabulary_in_json(tmp_path):
+  keras.utils.set_random_seed(1)
+  tokens = keras.Input((4,), dtype="int64", name="tokens")
+  pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(10, 4)(tokens))
+  model = keras.Model(tokens, keras.layers.Dense(2)(pooled))
+  model.save(tmp_path / "ids.keras")
+  process, url = start_server(tmp_path / "ids.keras", name="ids")
+  try:
+    status, _, body = call(f"{url}/v1/models/ids:predict", {"instances": [{"tokens": [1, 2, 3, 4]}]})
+    assert status == 200
+    np.testing.assert_allclose(json.loads(body)["predictions"],
+                               model.predict(np.array([[1, 2, 3, 4]]), verbose=0), atol=1e-5)
+    status, headers, body = call(f"{url}/v1/models/ids:predict", {"instances": [[1, 2, 3, 99]]})
+    assert status == 400 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(body)["error"] == (
+        "the model refused the request: indices[0,3] = 99 is not in [0, 10)"), body
+    status, _, body = call(f"{url}/v1/models/ids:predict", {"instances": [{"token": [1]}]})
+    assert status == 400 and json.loads(body)["error"] == (
+        "\"instances\": each row must be an object with the keys ['tokens']. "
+        "Received: ['token']")
+  finally:
+    stop(process)

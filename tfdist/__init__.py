@@ -15,13 +15,13 @@ the script may build its data before calling `tfdist.fit`.
 from tfdist.config import BatchSizes, Config, batch_sizes, load_config, replica_count
 from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
-from tfdist.errors import ConfigError, DeviceSetupError, TfdistError
+from tfdist.errors import ConfigError, DeviceSetupError, TfdistError, UnsupportedError
 from tfdist.launch.liveness import start_from_environment as _beat
 from tfdist.strategy import (central_storage, cluster_resolver, configure_devices, default,
                              make_strategy, mirrored, multi_worker_mirrored, one_device,
                              parameter_server, serve, start_server)
 from tfdist.strategy.startup import prepare_from_environment as _prepare
-from tfdist.training.fit import evaluate, fit, predict
+from tfdist.training.fit import evaluate, fit, global_batch_size, predict
 
 __version__ = "0.1.0"
 

@@ -62,3 +62,8 @@ class ConfigError(TfdistError, ValueError):
 
 class DeviceSetupError(TfdistError, RuntimeError):
   """Devices were asked for after TensorFlow had already initialised its own."""
+
+
+class UnsupportedError(TfdistError, RuntimeError):
+  """A call that TensorFlow or Keras cannot run under this strategy; the message names the
+  call that does the same and works."""

@@ -33,6 +33,10 @@ def main():
             "iterations": int(model.optimizer.iterations.numpy())}
   if config.task.type == "chief":
     result["workers_running_steps"] = workers_running_steps(model.distribute_strategy)
+    try:  # A user's habit: Keras's own predict after fit.
+      model.predict(x[:8], verbose=0)
+    except tfdist.TfdistError as e:
+      result["keras_predict"] = f"{type(e).__name__}: {e}"
   print("RESULT " + json.dumps(result), flush=True)
 
 

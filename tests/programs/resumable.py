@@ -3,7 +3,7 @@ a checkpoint directory), printing `EPOCH_BEGIN e` / `EPOCH_END e` (0-based, flus
 comes after the backup is written) and finally `RESULT <json weights>`.
 
 With PAUSE_AFTER_EPOCH=k, task worker-1 sleeps after finishing epoch k (1-based) so a test can
-kill it there."""
+kill it there. With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there."""
 
 import json
 import os
@@ -50,6 +50,8 @@ class Progress:
 if __name__ == "__main__":
   print(f"PID {os.getpid()}", flush=True)
   config = tfdist.load_config()
-  model = train(config, [Progress(f"{config.task.type}-{config.task.index}")])
+  import keras
+  csv = [keras.callbacks.CSVLogger(os.environ["CSV_LOG"])] if "CSV_LOG" in os.environ else []
+  model = train(config, [Progress(f"{config.task.type}-{config.task.index}"), *csv])
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),
         flush=True)

@@ -20,7 +20,7 @@ import tfdist
 
 OUT = sys.argv[1]
 INPUT = sys.argv[2] if len(sys.argv) > 2 else "dataset"
-BATCH = 64
+BATCH = tfdist.global_batch_size()  # The config's (64 in the tests).
 os.makedirs(OUT, exist_ok=True)
 
 x, y = load_digits(return_X_y=True)

@@ -22,13 +22,21 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
-  print(render(config, _gpus_if_needed(config), _policy(config)))
+  from tfdist.launch.gpus import share_gpus
+  from tfdist.machine import facts
+  host_gpus = facts.visible_gpus()
+  # A task sees its share of the host's GPUs (`tfdist launch` sets CUDA_VISIBLE_DEVICES).
+  tasks = len(config.cluster.tasks()) if not config.cluster.has_addresses else 1
+  per_task = len(share_gpus(host_gpus, 0, max(tasks, 1), config.devices.gpus_per_task).devices)
+  gpus = min(_gpus_if_needed(config), per_task) if host_gpus else _gpus_if_needed(config)
+  print(render(config, gpus, _policy(config), host_gpus=host_gpus))
   return 0
 
 
-def render(config: Config, local_gpus: int, policy: str | None = None) -> str:
+def render(config: Config, local_gpus: int, policy=None, host_gpus=()) -> str:
   """The report `tfdist check` prints: normalised config, TF_CONFIG per task, batch sizes, and
-  the dtype policy `training.mixed_precision` means on this machine."""
+  the dtype policy `training.mixed_precision` means on this machine (`policy`, a
+  `training.precision.Precision`)."""
   lines = [f"{config.source or 'config'}: valid", "", "normalised config:"]
   lines += ["  " + line for line in yaml.safe_dump(config_to_dict(config), sort_keys=False)
             .splitlines()]
@@ -51,13 +59,31 @@ def render(config: Config, local_gpus: int, policy: str | None = None) -> str:
             f" ({local_gpus} GPU(s) per machine)",
             f"batch: global {_or_unset(sizes.global_batch_size)}, per replica "
             f"{_or_unset(sizes.per_replica_batch_size)}"]
+  if host_gpus:
+    lines.append(f"GPUs of each task on this host ({','.join(host_gpus)} visible): "
+                 + gpu_shares(config, host_gpus))
   if policy is not None:
-    lines.append(f"precision: mixed_precision {config.training.mixed_precision} is {policy} "
-                 "on this machine")
+    measured = policy.measured()
+    lines.append(f"precision: mixed_precision {config.training.mixed_precision} is "
+                 f"{policy.policy} on this machine" + (f" ({measured})" if measured else ""))
   return "\n".join(lines)
 
 
-def _policy(config: Config) -> str:
+def gpu_shares(config: Config, host_gpus) -> str:
+  """Which GPUs each task `tfdist launch` starts here gets (CUDA_VISIBLE_DEVICES). Pure."""
+  from tfdist.launch.gpus import share_gpus, uses_gpus
+  local = [] if config.cluster.has_addresses else [
+      t for t in config.cluster.tasks() if uses_gpus(t.type, config.strategy.name)]
+  if not local:  # One process, or one task of a real cluster on each host.
+    share = share_gpus(host_gpus, 0, 1, config.devices.gpus_per_task)
+    return f"each process: {','.join(share.devices) or 'none'}"
+  shares = [(t, share_gpus(host_gpus, i, len(local), config.devices.gpus_per_task))
+            for i, t in enumerate(local)]
+  return "; ".join(f"{t.name}: {','.join(s.devices) or 'none'}{' (shared)' if s.shared else ''}"
+                   for t, s in shares)
+
+
+def _policy(config: Config):
   from tfdist.config import rules
   from tfdist.training.precision import policy_for
   return policy_for(config.training.mixed_precision,

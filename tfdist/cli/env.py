@@ -26,24 +26,33 @@ def run(args: list[str], task: str | None) -> int:
     print(json.dumps(facts) if FLAGS.json else environment.render(facts))
     return 0
   reports = _every_task(args[0])
+  different = environment.differences(reports)
+  if FLAGS.json:
+    print(json.dumps({"tasks": reports, "differences": different}))
+    return 0
   for name, facts in reports.items():
     print(f"== {name}\n{environment.render(facts)}\n")
-  different = environment.differences(reports)
-  print("\n".join(different) if different else f"the {len(reports)} tasks agree")
+  if len(reports) > 1:
+    print("\n".join(different) if different else f"the {len(reports)} tasks agree")
   return 0
 
 
 def _every_task(config_path: str) -> dict[str, dict]:
   """`tfdist env --json` in a process per task of the config's cluster, each with its own
-  TF_CONFIG (a cluster given by counts: on this machine)."""
+  TF_CONFIG (a cluster given by counts: on this machine); a config without a cluster is this
+  process."""
   from tfdist.config import load_config
   from tfdist.config.tf_config import tf_config_json, with_local_addresses
   from tfdist.errors import ConfigError
   from tfdist.launch.ports import free_ports
 
+  from tfdist.monitoring import environment
+
   config = load_config(config_path, environ={})
   cluster = config.cluster
-  if cluster.is_empty or cluster.has_addresses:
+  if cluster.is_empty:  # One process on this machine: this one.
+    return {"local": environment.gather()}
+  if cluster.has_addresses:
     raise ConfigError("must be a cluster given by counts (a cluster on this machine); on a real "
                       "cluster run `tfdist env` on each host", key="cluster",
                       received=cluster.counts(), source=config.source)

@@ -24,17 +24,21 @@ FLAGS = flags.FLAGS
 
 
 def run(args: list[str], task: str | None) -> int:
-  from tfdist.launch import plan, ports, supervisor
+  from tfdist.launch import gpus, plan, ports, supervisor
+  from tfdist.machine import facts
 
   if not args:
     raise SystemExit(f"usage: {USAGE}")
   config_path, command = args[0], args[1:]
   config = load_config(config_path, environ={})  # The file alone: the launcher sets TF_CONFIG.
   only = parse_task_flag(task, config.source) if task else None
+  local_task = None  # This task's place among the host's GPU tasks, when not the only one.
   if FLAGS.slurm:
     from tfdist.export.slurm import cluster_from_slurm
     config = cluster_from_slurm(config, FLAGS.port)
     only = config.task
+    local_task = gpus.slurm_local_task(os.environ)
+  host_gpus = facts.visible_gpus()
   log_dir = FLAGS.logs or f"tfdist-logs/{time.strftime('%Y%m%d-%H%M%S')}"
   held = []  # The ports of the running plan, held until it ends.
 
@@ -44,7 +48,8 @@ def run(args: list[str], task: str | None) -> int:
     if not config.cluster.has_addresses:
       held.append(ports.HeldPorts(len(config.cluster.tasks())))
     return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=only,
-                            ports=held[0].ports if held else (), fresh=fresh)
+                            ports=held[0].ports if held else (), fresh=fresh, gpus=host_gpus,
+                            local_task=local_task)
 
   stack = contextlib.ExitStack()
   try:

@@ -5,17 +5,20 @@ A user's mistake ends the command with one line on stderr and exit code 2, never
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from tfdist.cli import (check, env, export, launch, model_server, plan, serve,
                         tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
+from tfdist.machine import banners
 
 EXIT_USAGE = 2
+IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "plan", "serve"}
 COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
             "tensorboard": tensorboard, "env": env, "plan": plan, "model-server": model_server}
 
@@ -66,8 +69,15 @@ def run(argv: list[str]) -> int:
     print(f"tfdist: the command must be one of {', '.join(COMMANDS)}.{received}\n{_usage()}",
           file=sys.stderr)
     return EXIT_USAGE
+  if not flags.FLAGS["verbosity"].present:  # TensorFlow's Python INFO lines (export: pages).
+    logging.set_verbosity(logging.WARNING)
+  # Commands that load TensorFlow here would print its start-up banners (twice); the launcher
+  # keeps its tasks' banners in their logs itself.
+  quiet = banners.stderr_without_banners() if argv[1] in IN_PROCESS_TENSORFLOW else \
+      contextlib.nullcontext()
   try:
-    return COMMANDS[argv[1]].run(argv[2:], task=flags.FLAGS.task)
+    with quiet:
+      return COMMANDS[argv[1]].run(argv[2:], task=flags.FLAGS.task)
   except TfdistError as e:
     print(f"tfdist {argv[1]}: {e}", file=sys.stderr)
     return EXIT_USAGE

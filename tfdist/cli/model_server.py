@@ -1,5 +1,6 @@
 """`tfdist model-server MODEL --name NAME [--port P] [--host 127.0.0.1]`: serves a `.keras`
-file or a SavedModel directory over HTTP with TensorFlow Serving's REST surface
+file, a SavedModel directory or TensorFlow Serving's directory of numbered versions (the newest)
+over HTTP with TensorFlow Serving's REST surface
 (`POST /v1/models/NAME:predict`), batching concurrent requests, until Ctrl-C. Needs the
 `serving` extra (aiohttp, prometheus-client)."""
 
@@ -25,7 +26,7 @@ def run(args: list[str], task: str | None) -> int:
     raise ConfigError("is required: the name clients call the model by", key="--name",
                       received=None)
   from tfdist.cli.export import require_model
-  require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
+  model, version = require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   try:
     from tfdist.serving import http
   except ImportError as e:
@@ -33,7 +34,7 @@ def run(args: list[str], task: str | None) -> int:
                       key="model-server", received=None) from None
   from tfdist.serving.batching import BatchingPredictor
 
-  predictor = BatchingPredictor(args[0], max_batch_size=FLAGS["max-batch-size"].value,
+  predictor = BatchingPredictor(model, max_batch_size=FLAGS["max-batch-size"].value,
                                 max_wait_ms=FLAGS["max-wait-ms"].value,
                                 max_queue=FLAGS["max-queue"].value)
   name, host = FLAGS.name, FLAGS.host
@@ -44,9 +45,10 @@ def run(args: list[str], task: str | None) -> int:
     for stop in (signal.SIGINT, signal.SIGTERM):
       loop.add_signal_handler(stop, task.cancel)
     await http.serve(predictor, name, host=host, port=FLAGS.port or 0,
-                     max_body_bytes=FLAGS["max-body-bytes"].value,
-                     on_ready=lambda url: print(f"tfdist model-server: serving {name} at {url} "
-                                                f"(Ctrl-C stops)", flush=True))
+                     max_body_bytes=FLAGS["max-body-bytes"].value, version=version,
+                     on_ready=lambda url: print(f"tfdist model-server: serving {name} version "
+                                                f"{version} of {model} at {url} (Ctrl-C stops)",
+                                                flush=True))
   try:
     asyncio.run(main())
   except asyncio.CancelledError:

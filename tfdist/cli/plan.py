@@ -45,6 +45,10 @@ def run(args: list[str], task: str | None) -> int:
   if capacity:
     print(f"each device: {capacity / 2 ** 30:.1f} GiB")
   print(planner.render(plan, capacity=capacity))
+  if getattr(model, "optimizer", None) is None:
+    print(f"optimizer: not counted: {FLAGS.model} returns a model that is not compiled, so its "
+          "optimizer is unknown; compile it there to count its state (Adam keeps 2 bytes per "
+          "weight byte, momentum SGD 1)")
   print(planner.allreduce_table(plan["data_parallel"].gradients,
                                 accumulation=config.training.gradient_accumulation_steps))
   print(planner.gpu_advice(model, batch))

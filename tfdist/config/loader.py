@@ -148,8 +148,15 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
   if origin in (Union, types.UnionType):
     if value is None and type(None) in args:
       return None
-    (inner,) = [a for a in args if a is not type(None)]
-    return _convert(value, inner, key)
+    inner = [a for a in args if a is not type(None)]
+    if len(inner) == 1:
+      return _convert(value, inner[0], key)
+    for member in inner:  # e.g. int | Literal["auto", "growth"]: the first that takes it.
+      try:
+        return _convert(value, member, key)
+      except ConfigError:
+        pass
+    raise ConfigError(f"must be {' or '.join(map(_kind, inner))}", key=key, received=value)
   if origin is Literal:
     choices = ", ".join(map(str, args))
     if isinstance(value, bool):
@@ -180,6 +187,14 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
     if not isinstance(value, str):
       raise ConfigError("must be a string", key=key, received=value)
   return value
+
+
+def _kind(hint) -> str:
+  """A type hint of the schema in words, for an error: "an integer", "one of auto, growth"."""
+  if typing.get_origin(hint) is Literal:
+    return "one of " + ", ".join(map(str, typing.get_args(hint)))
+  return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+      hint, getattr(hint, "__name__", str(hint)))
 
 
 def _word_for_boolean(value: bool, choices) -> str | None:

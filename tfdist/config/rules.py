@@ -46,6 +46,7 @@ def check(config: Config) -> None:
     _check_strategy(config)
     _check_training(config)
     _check_parallel(config)
+    _check_devices(config)
   except ConfigError as e:
     raise e.from_source(config.source) from None
 
@@ -128,6 +129,19 @@ def _check_training(config: Config) -> None:
     raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
                       key="training.per_replica_batch_size",
                       received=training.per_replica_batch_size)
+
+
+def _check_devices(config: Config) -> None:
+  devices = config.devices
+  if devices.logical_gpus > 1 and devices.logical_cpus > 1:
+    raise ConfigError("cannot be combined with devices.logical_cpus (a process runs on CPU "
+                      "devices or on GPU devices)", key="devices.logical_gpus",
+                      received=devices.logical_gpus)
+  if devices.logical_gpus > 1 and getattr(config.strategy.options, "cross_device_ops",
+                                          None) == "nccl":
+    raise ConfigError("must not be nccl with devices.logical_gpus: NCCL cannot put two ranks "
+                      "on one GPU; use auto (hierarchical_copy there)",
+                      key="strategy.cross_device_ops", received="nccl")
 
 
 def _check_parallel(config: Config) -> None:

@@ -216,9 +216,23 @@ class DevicesConfig:
   Attributes:
     logical_cpus: split the CPU into this many logical devices (0 or 1: leave it whole), so that
       Mirrored and CentralStorage can run on a machine without GPUs. They share the same cores:
-      this is for trying code paths, not for speed.
+      this is for trying code paths, not for speed. On a machine with GPUs the process then
+      uses the CPU devices alone: its GPUs are hidden from it.
+    logical_gpus: split the first GPU into this many virtual devices (0 or 1: leave it whole),
+      so that a one-GPU user can try mirrored or a split model; each gets `gpu_memory` MiB, or
+      an even share of 90% of the GPU. Mirrored's `cross_device_ops: auto` is then
+      hierarchical_copy (NCCL cannot put two ranks on one GPU).
+    gpus_per_task: GPUs each local task of a launch gets (`CUDA_VISIBLE_DEVICES` from its place
+      on the host); None: an even share of the host's GPUs, or one shared round-robin when
+      there are fewer GPUs than tasks; 0: none.
+    gpu_memory: "auto" (TensorFlow's default, nearly all of each GPU; memory growth where local
+      tasks share a GPU), "growth" (allocate as needed), or MiB per GPU device.
   """
   logical_cpus: int = _field(0, _NON_NEGATIVE)
+  logical_gpus: int = _field(0, _NON_NEGATIVE)
+  gpus_per_task: int | None = _field(None, rule(lambda v: v >= 0, "must be 0 or greater"))
+  gpu_memory: int | Literal["auto", "growth"] = _field(
+      "auto", rule(lambda v: isinstance(v, str) or v > 0, "must be greater than 0 (MiB)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,10 +251,12 @@ class TrainingConfig:
     fused_optimizer: update with TensorFlow's fused kernels under Adam, AdamW and SGD, as
       tf.keras 2 did (the Adam update measured 3x faster here; same formulas); other optimizers
       keep Keras's own update.
-    mixed_precision: off, auto, bfloat16 or float16. `auto` (the default, measured 1.5x faster
-      here) is bfloat16 on CPUs with AMX/AVX-512 BF16 and GPUs of compute capability >= 8,
-      float16 with loss scaling on 7.x GPUs, else float32. Output layers stay float32. float16
-      is refused under central_storage, where Keras's loss scaling fails.
+    mixed_precision: off, auto, bfloat16 or float16. `auto` (the default) measures the half
+      type the device supports (bfloat16 on CPUs with AMX/AVX-512 BF16 and GPUs of compute
+      capability >= 8, float16 with loss scaling on 7.x GPUs) against float32 on a
+      representative training step, once per machine, and takes it when >= 1.1x faster
+      (`tfdist.machine.speed`). Output layers stay float32. float16 is refused under
+      central_storage, where Keras's loss scaling fails.
     gradient_accumulation_steps: apply the optimizer once every this many batches.
     scale_learning_rate: multiply the learning rate by the number of replicas.
     warmup_epochs: ramp the (scaled) learning rate up linearly over this many epochs.

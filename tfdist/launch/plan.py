@@ -17,6 +17,7 @@ from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
+from tfdist.launch.gpus import GpuShare, share_gpus, uses_gpus
 from tfdist.launch.liveness import HEARTBEAT_ENV
 
 
@@ -76,7 +77,8 @@ class LaunchPlan:
 
 def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
                 ports: Sequence[int] = (), task: TaskConfig | None = None,
-                python: str = sys.executable, fresh: bool = False) -> LaunchPlan:
+                python: str = sys.executable, fresh: bool = False, gpus: Sequence[str] = (),
+                local_task: tuple[int, int] | None = None) -> LaunchPlan:
   """Plans the processes of `config`'s cluster on this host.
 
   Args:
@@ -89,6 +91,10 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     task: run only this task (one role on this host of a real cluster); None runs them all.
     python: the interpreter that runs `tfdist serve` for parameter-server servers.
     fresh: training starts over instead of resuming from its backup (`TFDIST_FRESH=1`).
+    gpus: this host's visible GPUs (`machine.facts.visible_gpus`): each task gets its share
+      (`launch.gpus.share_gpus`) as `CUDA_VISIBLE_DEVICES`.
+    local_task: with `task`, its (index, count) among the GPU tasks of this host (Slurm's
+      local id); default (0, 1): the host's GPUs are all its own.
 
   Raises:
     ConfigError: there is no command, a local cluster without ports, or `task` on a cluster
@@ -99,7 +105,8 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
   if cluster.is_empty:  # One process on this machine: the same command for every config.
     env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
-        _user_command_env(fresh, log_dir)
+        _user_command_env(fresh, log_dir) + share_gpus(
+            gpus, 0, 1, config.devices.gpus_per_task).env(gpus, config.devices.gpu_memory)
     return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
                                    False, None, True),), "cluster")
   if not cluster.has_addresses:
@@ -109,14 +116,18 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
                         received=str(task), source=config.source)
     cluster = with_local_addresses(cluster, ports)
   processes = []
-  for t in cluster.tasks():
-    if task is not None and t != task:
-      continue
+  here = [t for t in cluster.tasks() if task is None or t == task]
+  gpu_tasks = [t for t in here if uses_gpus(t.type, config.strategy.name)]
+  for t in here:
     serves = runs_server(config, t.type)
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
            (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
+    index, count = local_task or (gpu_tasks.index(t) if t in gpu_tasks else 0, len(gpu_tasks))
+    share = share_gpus(gpus, index, count, config.devices.gpus_per_task) \
+        if t in gpu_tasks else GpuShare(())
+    env += share.env(gpus, config.devices.gpu_memory)
     if not serves:
       env += _user_command_env(fresh, log_dir)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]

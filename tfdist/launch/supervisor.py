@@ -20,6 +20,7 @@ import time
 from typing import Callable, Sequence, TextIO
 
 from tfdist.launch import liveness
+from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
 from tfdist.launch.ports import accepts
 
@@ -36,10 +37,6 @@ _FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier
 _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
 _NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
-# TensorFlow's start-up banners, which TF_CPP_MIN_LOG_LEVEL does not silence (absl logs them
-# before it is initialised); kept in the log file only.
-_BANNERS = re.compile(rb"All log messages before absl::InitializeLog|oneDNN custom operations|"
-                      rb"cpu_feature_guard|To enable the following instructions")
 
 
 @dataclasses.dataclass
@@ -115,7 +112,7 @@ class Supervisor:
       for raw in iter(stream.readline, b""):
         log.write(liveness.plain_text(raw).rstrip(b"\n") + b"\n" if raw.strip() else raw)
         log.flush()
-        if _BANNERS.search(raw):
+        if banners.BANNERS.search(raw):  # Kept in the log file only.
           continue
         if _NOISE.search(raw):
           self._noise[name] += 1
@@ -132,7 +129,7 @@ class Supervisor:
       os.remove(dict(p.env).get(liveness.HEARTBEAT_ENV, ""))  # A beat of an earlier start.
     process = subprocess.Popen(p.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True,
-                               preexec_fn=liveness.die_with_parent)
+                               preexec_fn=liveness.start_as_child)
     shown = self.verbose or p.chief or not self._runs_chief
     pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log, shown),
                             daemon=True)

@@ -23,15 +23,13 @@ def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
   import portpicker
   import tensorflow as tf
 
-  from tfdist.training.precision import cpu_flags, policy_for
+  from tfdist.machine import facts
+  from tfdist.training.precision import policy_for
 
   build = tf.sysconfig.get_build_info()
-  gpus = []
-  for gpu in tf.config.list_physical_devices("GPU"):
-    details = tf.config.experimental.get_device_details(gpu)
-    gpus.append({"name": details.get("device_name", gpu.name),
-                 "compute_capability": ".".join(map(str, details.get("compute_capability", ())))})
-  flags = cpu_flags(cpuinfo)
+  gpus = [{"name": gpu["name"], "compute_capability": ".".join(map(str, gpu["compute_capability"]))}
+          for gpu in facts.gpus()]
+  flags = facts.cpu_flags(cpuinfo)
   return {
       "python": platform.python_version(),
       "tensorflow": tf.__version__,
@@ -42,10 +40,10 @@ def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
       "tensorboard": _version("tensorboard"),
       "tfdist": _version("tfdist"),
       "os": f"{platform.system()} {platform.release()}",
-      "cpu": f"{_cpu_model(cpuinfo)}, {os.cpu_count()} logical cores",
+      "cpu": f"{facts.cpu_model(cpuinfo)}, {os.cpu_count()} logical cores",
       "cpu_features": " ".join(f for f in _CPU_FEATURES if f in flags) or "none of note",
       "gpus": gpus,
-      "auto_precision": policy_for("auto"),
+      "auto_precision": _auto(policy_for("auto")),
       "free_ports": [portpicker.pick_unused_port() for _ in range(2)],
       "tf_config": os.environ.get("TF_CONFIG", ""),
   }
@@ -83,11 +81,6 @@ def _version(package: str) -> str:
     return "not installed"
 
 
-def _cpu_model(cpuinfo: pathlib.Path) -> str:
-  try:
-    for line in cpuinfo.read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
+def _auto(precision) -> str:
+  measured = precision.measured()
+  return precision.policy + (f" ({measured})" if measured else "")

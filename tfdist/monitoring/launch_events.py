@@ -11,12 +11,20 @@ events.close()
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins.text import metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
-from tensorboard.util import tensor_util
+# TensorBoard's writer reaches files through `tensorboard.compat.tf`, which imports TensorFlow
+# when it is installed (measured: ~3 s and its start-up banners in the launcher). TensorBoard's
+# own switch for running without it: an importable `tensorboard.compat.notf` selects its stub.
+# The launcher never runs TensorFlow; a process that already chose TensorFlow keeps it.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+from tensorboard.plugins.text import metadata  # noqa: E402
+from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
+from tensorboard.util import tensor_util  # noqa: E402
 
 TAG = "launcher"
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Callable
 
-from tfdist.launch.liveness import die_with_parent
+from tfdist.launch.liveness import start_as_child
 from tfdist.launch.ports import accepts
 
 
@@ -41,7 +41,11 @@ def start_tensorboard(log_dir: str, *, port: int = 0, bind_all: bool = False,
   output = tempfile.TemporaryFile()  # Not a pipe: nobody reads it while TensorBoard runs.
   server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", log_dir,
                              "--port", str(port), *host], stdout=output, stderr=output,
-                            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                            stdin=subprocess.DEVNULL, preexec_fn=start_as_child,
+                            # Out of the terminal's process group: Ctrl-C's SIGINT hangs
+                            # TensorBoard (measured: no exit in 10 s); our SIGTERM stops it in
+                            # ~1.5 s.
+                            start_new_session=True)
   deadline = time.monotonic() + timeout
   while not accepts(f"127.0.0.1:{port}"):
     if server.poll() is not None or time.monotonic() > deadline:

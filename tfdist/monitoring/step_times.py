@@ -33,6 +33,16 @@ import tensorflow as tf
 STRAGGLER_RATIO = 1.3  # Megatron's straggler detector flags ranks ~1.3x slower than the median.
 STRAGGLER_MS = 1.0  # And at least this much slower: 0.3 ms against 0.2 ms is noise, not a lag.
 PARTS = ("input_wait", "compute", "collective_wait")
+DETERMINISM_NOTICE = ("tfdist: op determinism is on: the step-time split (epoch_input_wait_ms, "
+                      "epoch_compute_ms, epoch_collective_wait_ms) and the straggler line are off; "
+                      "they need tf.timestamp, which determinism refuses")
+
+
+def determinism_enabled() -> bool:
+  """Whether `tf.config.experimental.enable_op_determinism()` was called in this process: it
+  refuses `tf.timestamp`, which the step clock runs in the graph."""
+  from tensorflow.python.framework import config  # No public reader of the switch in TF 2.21.
+  return bool(getattr(config, "is_op_determinism_enabled", lambda: False)())
 
 
 class StepClock:
@@ -103,17 +113,25 @@ class StepClock:
     return [1000 * s / max(steps, 1.0) for s in seconds]
 
 
-def gathered(strategy, mine: list[float], task: str) -> dict[str, list[float]]:
+def gathered(strategy, mine: list[float], task: str, gather=None) -> dict[str, list[float]]:
   """{task: its `mine`} of every worker (all workers call this together: under
-  MultiWorkerMirrored it is a collective). `task` is "chief-0" or "worker-N"."""
+  MultiWorkerMirrored it is a collective). `task` is "chief-0" or "worker-N"; `gather`, the
+  `tf.function` of `strategy.gather` to reuse (see `StepTimes`)."""
   kind, _, index = task.rpartition("-")
   row = tf.constant([[*mine, int(index) if kind == "worker" else -1]], tf.float64)
   local = strategy.experimental_distribute_values_from_function(lambda _: row)
-  rows = strategy.gather(local, axis=0).numpy().tolist()
+  rows = (gather or _gather_function(strategy))(local).numpy().tolist()
   chief = task if kind != "worker" else "chief-0"
   # Several local replicas give the same row.
   return {(chief if number < 0 else f"worker-{int(number)}"): values
           for *values, number in rows}
+
+
+def _gather_function(strategy):
+  # One tf.function for every epoch's gather: called eagerly, MultiWorkerMirrored's
+  # `_batch_all_gather` makes a new tf.function each time, and TensorFlow warns of "5 out of the
+  # last 5 calls ... triggered tf.function retracing" by the fifth epoch.
+  return tf.function(lambda local: strategy.gather(local, axis=0))
 
 
 class Stragglers:
@@ -172,6 +190,7 @@ class StepTimes:
   def __init__(self, clock: StepClock, strategy, task: str, chief: bool):
     self.clock, self.strategy, self.task, self.chief = clock, strategy, task, chief
     self.stragglers = Stragglers()
+    self._gather = _gather_function(strategy)
 
   def reset(self) -> None:
     self.clock.take()
@@ -181,7 +200,7 @@ class StepTimes:
     mine = self.clock.take()
     for part, milliseconds in zip(PARTS, mine):
       tf.summary.scalar(f"epoch_{part}_ms", milliseconds, step=epoch)
-    rows = gathered(self.strategy, mine, self.task)
+    rows = gathered(self.strategy, mine, self.task, self._gather)
     if not self.chief:
       return
     line, ratio, named = self.stragglers.line(rows)

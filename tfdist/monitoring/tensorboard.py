@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
+from tfdist.machine import speed
 from tfdist.monitoring import step_times
 
 
@@ -97,7 +98,8 @@ class Throughput(keras.callbacks.Callback):
   `epoch_steps_per_second`, and the profiler over `profile` = (first, last) batches. With
   `replicas`, also the achieved FLOP/s (`epoch_flops_per_second`: 6 x trainable parameters x
   examples/s, the dense-layer count of a forward and backward pass) and the model FLOP/s
-  utilisation against `replicas` x this device's measured matmul peak (`epoch_mfu`).
+  utilisation against `replicas` x this device's matmul peak (`epoch_mfu`; `machine.speed`:
+  a large matmul measured once per machine).
 
   Args:
     directory: the run directory (the chief's) or the task's own directory.
@@ -119,8 +121,11 @@ class Throughput(keras.callbacks.Callback):
     self._steps, self._started, self._profiling = 0, 0.0, False
 
   def on_train_begin(self, logs=None):
-    if self.replicas and self.global_batch:
-      self._peak = matmul_peak(self.model.compute_dtype)
+    if self.replicas and self.global_batch:  # The chief's: it writes the MFU.
+      peak = speed.matmul_peak(self.model.compute_dtype)
+      self._peak = peak.flops
+      print(f"tfdist: epoch_mfu in TensorBoard is against {self.replicas} replica(s) x "
+            f"{peak.describe()}", flush=True)
 
   def on_epoch_begin(self, epoch, logs=None):
     self._steps, self._started = 0, time.perf_counter()
@@ -164,17 +169,3 @@ class Throughput(keras.callbacks.Callback):
       tf.profiler.experimental.stop()
       self._profiling = False
     self._writer.close()
-
-
-def matmul_peak(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
-  """This device's FLOP/s on a `size`^3 matmul in `dtype`, the best of `repeats` (~0.1 s)."""
-  a = tf.random.uniform([size, size], dtype=tf.float32)
-  a = tf.cast(a, dtype)
-  matmul = tf.function(lambda x: tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32)))
-  matmul(a).numpy()  # Trace.
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a).numpy()
-    best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best

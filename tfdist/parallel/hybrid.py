@@ -55,7 +55,9 @@ class Hybrid:
 
   def mean_gradients(self, gradients, variables):
     """The workers' mean of each gradient, reduced on its variable's device."""
-    return [g if g is None else self._all_reduce(g, v.value.device, _GRADIENT_KEYS + i)
+    # Sparse gradients (an Embedding's) are made dense: the collective sums whole tensors.
+    return [g if g is None else self._all_reduce(tf.convert_to_tensor(g), v.value.device,
+                                                 _GRADIENT_KEYS + i)
             / self.workers for i, (g, v) in enumerate(zip(gradients, variables))]
 
   def broadcast_weights(self, model) -> None:

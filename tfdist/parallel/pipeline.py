@@ -79,7 +79,13 @@ def _parts(data, microbatches: int):
 
 
 def _add_on(variable, a, b):
+  """`a + b` on `variable`'s device; two `IndexedSlices` (an Embedding's rows looked up by two
+  micro-batches) are summed sparse, their rows concatenated: the optimizer adds rows that
+  repeat, as it does for one batch that looks a row up twice."""
   if a is None or b is None:
     return a if b is None else b
   with tf.device(variable.value.device):
-    return a + b
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+      return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                              tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)

@@ -145,16 +145,12 @@ def device_capacity(device: str) -> int | None:
   """Bytes of `device`: a GPU's from nvidia-smi (TensorFlow reports usage, not size), a CPU's
   the machine's RAM (logical CPUs share it); None when unknown."""
   import os
-  import shutil
-  import subprocess
+
+  from tfdist.machine import facts
 
   if "GPU" in device.upper():
-    if not shutil.which("nvidia-smi"):
-      return None
-    index = device.rsplit(":", 1)[-1]
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,"
-                          "nounits", "-i", index], capture_output=True, text=True, check=False)
-    return int(out.stdout.strip()) << 20 if out.returncode == 0 and out.stdout.strip() else None
+    mib = facts.gpu_memory_mib(device.rsplit(":", 1)[-1])
+    return None if mib is None else mib << 20
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 

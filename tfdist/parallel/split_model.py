@@ -45,13 +45,20 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
       (`hybrid.Hybrid.mean_gradients` averages them across workers).
 
   Raises:
-    ConfigError: `jit_compile=True` (XLA cannot reach variables on another device), an unknown
-      device or layer, stages out of order.
+    ConfigError: `jit_compile=True` where Keras's "auto" would not turn it on (XLA cannot
+      reach variables on another device; where "auto" turns it on, on a GPU, it is turned off
+      with a notice), an unknown device or layer, stages out of order.
   """
   if model.jit_compile is True:
-    raise ConfigError("cannot be true on a model split over devices: XLA compiles for one "
-                      "device and cannot reach variables on another", key="jit_compile",
-                      received=True)
+    if not model._resolve_auto_jit_compile():  # Asked for: Keras's "auto" is off here.
+      raise ConfigError("cannot be true on a model split over devices: XLA compiles for one "
+                        "device and cannot reach variables on another", key="jit_compile",
+                        received=True)
+    # Keras's default jit_compile="auto" turns XLA on where a GPU is present, and a compiled
+    # model no longer says whether it was asked for: a split model runs without it.
+    print("tfdist: jit_compile off for the model split over devices (Keras's \"auto\" "
+          "turned it on: XLA compiles for one device and cannot reach another's variables)",
+          flush=True)
   if not model.built:
     raise ConfigError("a model must be built before it is split (call it on a batch or "
                       "`model.build(input_shape)` in model_fn)", key="parallel",

@@ -81,15 +81,14 @@ def batching_parameters(max_batch_size: int, max_wait_ms: float, threads: int | 
 
 
 def _check(saved: str, served, tolerance: float) -> None:
-  from tfdist.serving.model import ServedModel
+  from tfdist.serving.model import ServedModel, example_rows
 
   reloaded = ServedModel(saved)
   if [i.name for i in reloaded.inputs] != [i.name for i in served.inputs]:
     raise ValueError(f"the SavedModel's inputs are {[i.name for i in reloaded.inputs]}, not "
                      f"the model's {[i.name for i in served.inputs]}")
   rng = np.random.default_rng(0)
-  rows = [rng.random((4, *(1 if s is None else s for s in i.shape))).astype(i.dtype)
-          for i in served.inputs]
+  rows = [example_rows(i, 4, rng) for i in served.inputs]
   expected, got = served.run(rows, 4), reloaded.run(rows, 4)
   names = [o.name for o in served.outputs]
   expected = expected if isinstance(expected, dict) else {names[0]: expected}
@@ -97,6 +96,8 @@ def _check(saved: str, served, tolerance: float) -> None:
   if sorted(got) != sorted(expected):
     raise ValueError(f"the SavedModel's outputs are {sorted(got)}, not {sorted(expected)}")
   for name, value in expected.items():
-    if np.abs(value - got[name]).max() > tolerance:
+    numeric = value.dtype.kind in "biuf"
+    if (np.abs(value - got[name]).max() > tolerance) if numeric else \
+        not np.array_equal(value, got[name]):
       raise ValueError(f"the reloaded SavedModel's output {name} differs from the model's by "
                        f"over {tolerance}")

@@ -1,6 +1,7 @@
 """The batching predictor's counters in the Prometheus text format (prometheus_client's own
 families and writer).
 
+  tfdist_requests_total{model, code}        HTTP responses, by status code
   tfdist_batches_total{model, batch_size}   batches run, by (padded) size: the histogram
   tfdist_rows_total, tfdist_padding_rows_total, tfdist_rejected_total, tfdist_expired_total
   tfdist_queue_depth                         requests waiting after the last batch
@@ -10,24 +11,32 @@ families and writer).
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 
-def text(stats, model: str) -> bytes:
-  """The exposition of `stats` (a `batching.Stats`) for `model`."""
+def text(stats, model: str, responses: Mapping[int, int] | None = None) -> bytes:
+  """The exposition of `stats` (a `batching.Stats`) for `model`, with the HTTP `responses`
+  counted by status code."""
   registry = CollectorRegistry()
-  registry.register(_Collector(stats, model))
+  registry.register(_Collector(stats, model, dict(responses or {})))
   return generate_latest(registry)
 
 
 class _Collector:
-  def __init__(self, stats, model: str):
-    self.stats, self.model = stats, model
+  def __init__(self, stats, model: str, responses: dict[int, int]):
+    self.stats, self.model, self.responses = stats, model, responses
 
   def collect(self):
     stats, model = self.stats, self.model
+    requests = CounterMetricFamily("tfdist_requests", "HTTP responses, by status code.",
+                                   labels=["model", "code"])
+    for code, count in sorted(self.responses.items()):
+      requests.add_metric([model, str(code)], count)
+    yield requests
     batches = CounterMetricFamily("tfdist_batches", "Batches run, by padded batch size.",
                                   labels=["model", "batch_size"])
     for size, count in sorted(stats.batches.items()):

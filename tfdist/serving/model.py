@@ -85,7 +85,7 @@ class ServedModel:
   def warm_up(self, sizes) -> None:
     """Traces the function of each batch size in `sizes`."""
     for size in sizes:
-      self.run([np.zeros((size, *_concrete(i.shape)), i.dtype) for i in self.inputs], size)
+      self.run([blank_rows(i, size) for i in self.inputs], size)
 
   def run(self, inputs: list[np.ndarray], size: int):
     """The outputs of `inputs` (rows <= `size`, padded to it for the traced function): an array
@@ -93,19 +93,19 @@ class ServedModel:
     rows = len(inputs[0])
     padded = [pad_rows(a, size) for a in inputs]
     if size not in self._functions:
-      self._functions[size] = self._trace(padded)
+      self._functions[size] = self._trace(size)
     outputs = self._functions[size](*padded)
     outputs = [o.numpy()[:rows] for o in outputs]
     return outputs[0] if len(outputs) == 1 else {
         info.name: o for info, o in zip(self.outputs, outputs)}
 
-  def _trace(self, example: list[np.ndarray]):
-    """The concrete function for `example`'s shapes, of one `tf.function` (a concrete function
-    per batch size, traced on purpose: no retracing warning)."""
+  def _trace(self, size: int):
+    """The concrete function for batches of `size` rows, of one `tf.function` (a concrete
+    function per batch size, traced on purpose: no retracing warning)."""
     if self._function is None:
       self._function = tf.function(self._call)
     return self._function.get_concrete_function(
-        *[tf.TensorSpec(a.shape, a.dtype) for a in example])
+        *[tf.TensorSpec((size, *i.shape), i.dtype) for i in self.inputs])
 
   def _call(self, *tensors):
     if self._keras is None:
@@ -116,26 +116,71 @@ class ServedModel:
 
 
 def pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
-  """`array` with rows of zeros appended up to `rows` (a traced function's batch size)."""
+  """`array` with blank rows (zeros, or empty strings) appended up to `rows` (a traced
+  function's batch size)."""
   if len(array) == rows:
     return array
-  return np.concatenate([array, np.zeros((rows - len(array), *array.shape[1:]), array.dtype)])
+  blank = np.full((rows - len(array), *array.shape[1:]), _blank(array.dtype), array.dtype)
+  return np.concatenate([array, blank])
+
+
+def blank_rows(info: TensorInfo, rows: int) -> np.ndarray:
+  """`rows` blank rows of the input `info` (a dimension of any size taken as 1)."""
+  dtype = numpy_dtype(info.dtype)
+  return np.full((rows, *_concrete(info.shape)), _blank(dtype), dtype)
+
+
+def example_rows(info: TensorInfo, rows: int, rng: np.random.Generator) -> np.ndarray:
+  """`rows` random rows of the input `info`: numbers in [0, 1) (zeros for integers: a token id
+  any vocabulary has), or short sentences for strings."""
+  shape = (rows, *_concrete(info.shape))
+  if info.dtype == "string":
+    words = np.array(["the", "model", "reads", "a", "short", "sentence"], dtype=object)
+    return np.array([" ".join(rng.choice(words, 4)) for _ in range(int(np.prod(shape)))],
+                    dtype=object).reshape(shape)
+  return rng.random(shape).astype(info.dtype)
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+  """The numpy dtype holding a TensorFlow dtype's values: object (bytes or str) for strings."""
+  return np.dtype(object) if dtype == "string" else np.dtype(dtype)
+
+
+def _blank(dtype: np.dtype):
+  return b"" if dtype == object else 0
 
 
 def _checked(array, info: TensorInfo) -> np.ndarray:
   try:
     array = np.asarray(array)
   except (ValueError, TypeError) as e:
-    raise ValueError(f"input {info.name}: is not an array of numbers ({e})") from None
-  if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and info.dtype.startswith("int")):
+    raise ValueError(f"input {info.name}: is not an array of {_values(info)} ({e})") from None
+  if info.dtype == "string":
+    if array.dtype.kind not in "USO" or (array.dtype.kind == "O" and not all(
+        isinstance(v, (str, bytes)) for v in array.flat)):
+      raise ValueError(f"input {info.name}: expected string values. Received: "
+                       f"{_received(array)}")
+  elif array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and
+                                          info.dtype.startswith(("int", "uint"))):
     raise ValueError(f"input {info.name}: expected {info.dtype} values. Received: "
-                     f"{array.dtype.name}")
+                     f"{_received(array)}")
   expected = (None, *info.shape)
   if array.ndim != len(expected) or any(e is not None and e != r
                                         for e, r in zip(expected, array.shape)):
     raise ValueError(f"input {info.name}: expected shape {_shape(expected)} (rows first). "
                      f"Received: {_shape(array.shape)}")
-  return array.astype(info.dtype, copy=False)
+  return array.astype(numpy_dtype(info.dtype), copy=False)
+
+
+def _values(info: TensorInfo) -> str:
+  return "strings" if info.dtype == "string" else "numbers"
+
+
+def _received(array: np.ndarray) -> str:
+  """What a request held, in a user's words: "str" values, not numpy's "<U5"."""
+  if array.dtype.kind in "USO" and array.size:
+    return f"{type(array.flat[0]).__name__} values, e.g. {array.flat[0]!r}"
+  return f"{array.dtype.name} values"
 
 
 def _shape(shape) -> str:

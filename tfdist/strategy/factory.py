@@ -175,7 +175,10 @@ def _build_one_device(options, config: Config):
 def _build_mirrored(options, config: Config):
   import tensorflow as tf
   cross_device_ops = {
-      "auto": lambda: None,
+      # Logical GPUs of one GPU: NCCL cannot put two ranks on one GPU (TensorFlow's own auto
+      # picks it there and fails); hierarchical copy works (measured on an H100).
+      "auto": lambda: tf.distribute.HierarchicalCopyAllReduce() if config.devices.logical_gpus > 1
+      else None,
       "nccl": tf.distribute.NcclAllReduce,
       "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
       "reduction_to_one": tf.distribute.ReductionToOneDevice,

@@ -44,13 +44,35 @@ def writable_dir(config: Config, directory: str):
 
 @contextlib.contextmanager
 def scratch_dir(config: Config):
-  """A temporary directory of this task's (`tfdist-<task>-...`), removed on exit: where a
-  non-chief task's copies of the chief's files go."""
-  scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name(config)}-")
+  """A temporary directory of this task's (`tfdist-<task>-<pid>-...`), removed on exit: where a
+  non-chief task's copies of the chief's files go. A task killed before its exit (SIGKILL, a
+  restart) leaves its directory behind; the next one of the same task removes those whose
+  process is gone."""
+  prefix = f"tfdist-{task_name(config)}-"
+  _remove_orphans(prefix)
+  scratch = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
   try:
     yield scratch
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove_orphans(prefix: str) -> None:
+  root = tempfile.gettempdir()
+  for name in os.listdir(root):
+    pid = name[len(prefix):].split("-", 1)[0]
+    if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
 
 
 class Backup(keras.callbacks.BackupAndRestore):

@@ -79,7 +79,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   replicas = hybrid.workers if hybrid else strategy.num_replicas_in_sync
   global_batch = batch_size or batch_sizes(training, replicas).global_batch_size
   epochs = epochs or training.epochs
-  model, policy, fused = _build(model_fn, compile, strategy, config, hybrid)
+  model, chosen, fused = _build(model_fn, compile, strategy, config, hybrid)
   if evaluator:
     from tfdist.training.evaluator import evaluate_checkpoints
     return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
@@ -95,8 +95,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   asynchronous = config.strategy.name == "parameter_server"
   from tfdist.monitoring import step_times, tensorboard
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-  clock = None if asynchronous or hybrid or not config.tensorboard.log_dir else \
-      step_times.StepClock()
+  timed = not (asynchronous or hybrid) and bool(config.tensorboard.log_dir)
+  clock = step_times.StepClock() if timed and not step_times.determinism_enabled() else None
+  if timed and clock is None and is_chief(config):
+    report.say(step_times.DETERMINISM_NOTICE)
   if clock:
     clock.time_all_reduce(optimizer)
   train = None if asynchronous else data.make_dataset(
@@ -119,7 +121,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   if is_chief(config):
     report.say(report.choices_line(
         strategy_name=config.strategy.name, replicas=replicas,
-        global_batch=global_batch, policy=policy, steps_per_execution=model.steps_per_execution,
+        global_batch=global_batch, precision=chosen, steps_per_execution=model.steps_per_execution,
         fused=fused, accumulation=training.gradient_accumulation_steps))
     if first_epoch:
       report.say(report.resume_line(first_epoch, epochs, files[0].directory))
@@ -130,7 +132,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   callbacks = list(callbacks or []) + tensorboard.callbacks(
       config, strategy, first_epoch=first_epoch, epoch_steps=epoch_steps,
       global_batch=global_batch, clock=clock)
-  with user_files.chief_only(callbacks, config) as callbacks:
+  with user_files.chief_only(callbacks, config, resuming=first_epoch > 0) as callbacks:
     if asynchronous:
       from tfdist.training import parameter_server
       history = parameter_server.fit(
@@ -140,6 +142,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
           validation=_validation(validation_data, None, global_batch),
           callbacks=files + callbacks, source=config.source,
           report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, config))
+      parameter_server.explain_keras_calls(model)
     else:
       validation = _validation(validation_data, strategy, global_batch)
       with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock, epoch_steps), \
@@ -156,14 +159,15 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
 def _build(model_fn, compile, strategy, config: Config, hybrid=None):
   """The model built and compiled in the strategy's scope, with tfdist's speed knobs, split
   over devices when the config says (`hybrid`: averaging gradients across workers); returns
-  it, its dtype policy and the name of the optimizer whose update is fused (or None)."""
+  it, its `precision.Precision` and the name of the optimizer whose update is fused (or None)."""
   from tfdist.training import fused_updates, precision, report
 
   training = config.training
+  # Outside the scope: `auto`'s probe runs plain tensors on this process's device.
+  chosen = precision.policy_for(training.mixed_precision,
+                                loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
   with strategy.scope():
-    policy = precision.policy_for(training.mixed_precision,
-                                  loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
-    with precision.building_with(policy):
+    with precision.building_with(chosen.policy):
       model = model_fn()
     precision.keep_outputs_float32(model)
     if compile is not None:
@@ -190,7 +194,36 @@ def _build(model_fn, compile, strategy, config: Config, hybrid=None):
         hybrid.broadcast_weights(model)
       if is_chief(config):
         report.say(describe(model.tfdist_placement, config.parallel.microbatches))
-  return model, policy, type(optimizer).__name__ if fused else None
+  return model, chosen, type(optimizer).__name__ if fused else None
+
+
+def global_batch_size(config: ConfigLike = None) -> int:
+  """The global batch size `tfdist.fit` trains with under `config`: for a script that batches
+  its own `tf.data.Dataset` (tfdist refuses a dataset batched by another size).
+
+  Args:
+    config: a `Config`, a YAML path or a mapping; None reads TFDIST_CONFIG/TF_CONFIG (what
+      `tfdist launch` gives each task).
+
+  Returns:
+    `training.global_batch_size`, or `training.per_replica_batch_size` times the replicas in
+    sync (makes the strategy to count them).
+
+  Raises:
+    ConfigError: the config gives neither.
+
+  ```python
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(tfdist.global_batch_size())
+  ```
+  """
+  config = as_config(config)
+  if config.training.global_batch_size is None and config.training.per_replica_batch_size is None:
+    raise ConfigError("is not set, so the global batch size is unknown: set it (or "
+                      "training.per_replica_batch_size)", key="training.global_batch_size",
+                      source=config.source)
+  hybrid = _hybrid(config)
+  replicas = hybrid.workers if hybrid else make_strategy(config).num_replicas_in_sync
+  return batch_sizes(config.training, replicas).global_batch_size
 
 
 def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,

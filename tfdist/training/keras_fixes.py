@@ -72,14 +72,16 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
         lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock),
         model)
   multi_worker = _BROKEN and in_multi_worker_mode(strategy)
-  # keras-team/keras#20585: the symbolic build reduces the nested (x, y) PerReplica batch with
-  # strategy.reduce, which accepts no nesting: build from the first local replica's tensors
-  # (and from the batch without its timestamp).
-  if multi_worker or clock is not None or (_BROKEN and _central_storage(strategy)):
+  # keras-team/keras#20585: the symbolic build reduces the (x, y) PerReplica batch with
+  # strategy.reduce("MEAN"), which accepts no nesting across workers and adds strings
+  # (TextVectorization inside the model: "Value for attr 'T' of string ... AddN") under any
+  # replicated strategy: build from the first local replica's tensors (and from the batch
+  # without its timestamp).
+  local_replica = (_BROKEN and _replicated(strategy)) or clock is not None
+  if local_replica or (_BROKEN and _central_storage(strategy)):
     model._maybe_symbolic_build = types.MethodType(
         lambda self, iterator=None, data_batch=None: _build(
-            self, iterator, data_batch, stamped=clock is not None,
-            local_replica=multi_worker or clock is not None,
+            self, iterator, data_batch, stamped=clock is not None, local_replica=local_replica,
             summed_deltas=_BROKEN and _central_storage(strategy)), model)
   if not multi_worker:
     yield
@@ -177,17 +179,23 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
   def reduced(outputs):
     return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
+  def now():
+    # Only a timed step reads the clock: op determinism refuses `Timestamp` (a stateful op that
+    # runs even when unused), and the step loop must run under it.
+    # A constant otherwise: AutoGraph cannot carry a None through a loop.
+    return tf.timestamp() if timed is not None else tf.constant(0.0, tf.float64)
+
   def logs():
     return reduced(strategy.run(self.get_metrics_result))
 
   def step_on(iterator, phase):
-    requested_at = tf.timestamp()
+    requested_at = now()
     run(iterator.get_next(), requested_at, phase)
 
   def rest_of_call(iterator, steps, outputs):
     """Steps 2..`steps` of a call while data remain; the last step's reduced outputs."""
     for _ in tf.range(steps - 1):
-      requested_at = tf.timestamp()
+      requested_at = now()
       data = iterator.get_next_as_optional()
       if not data.has_value():
         break
@@ -196,7 +204,7 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
 
   def rest_of_call_unreduced(iterator, steps):
     for _ in tf.range(steps - 1):
-      requested_at = tf.timestamp()
+      requested_at = now()
       data = iterator.get_next_as_optional()
       if not data.has_value():
         break
@@ -204,7 +212,7 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
 
   @tf.function(reduce_retracing=True)
   def steps_on_iterator(iterator, steps):
-    requested_at = tf.timestamp()
+    requested_at = now()
     outputs = run(iterator.get_next(), requested_at)  # OutOfRange ends the epoch, as in Keras.
     if logs_once:
       rest_of_call_unreduced(iterator, steps)

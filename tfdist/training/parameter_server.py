@@ -14,7 +14,7 @@ import time
 import keras
 import tensorflow as tf
 
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, UnsupportedError
 from tfdist.training import data, keras_fixes
 
 
@@ -198,6 +198,26 @@ def predict(model, dataset, *, verbose=None):
   step = tf.function(model.predict_step)
   outputs = [step(batch) for batch in dataset]
   return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0).numpy(), *outputs)
+
+
+def explain_keras_calls(model) -> None:
+  """Makes `model.predict` and `model.evaluate` (Keras's own) say in one line what to call
+  instead: Keras 3 hands their dataset to a ParameterServerStrategy as is, and TensorFlow
+  refuses it ("To use this dataset, you need to pass this dataset to
+  ClusterCoordinator.create_per_worker_dataset"; keras-team/keras#18624). Only that error is
+  translated; any other passes through."""
+  for name in ("predict", "evaluate"):
+    def call(*args, _keras=getattr(model, name), _name=name, **kwargs):
+      try:
+        return _keras(*args, **kwargs)
+      except ValueError as e:
+        if "ClusterCoordinator.create_per_worker_dataset" not in str(e):
+          raise
+        raise UnsupportedError(
+            f"model.{_name} under parameter_server: Keras 3 cannot run it through TensorFlow's "
+            f"ClusterCoordinator (keras-team/keras#18624); call tfdist.{_name}(model, x) "
+            "instead, which runs it on the chief") from None
+    object.__setattr__(model, name, call)  # This model only; Keras tracks no function.
 
 
 def _one_batch(train_data, y, batch_size):

@@ -1,63 +1,123 @@
 """Mixed precision: which Keras dtype policy the config's `training.mixed_precision` means on
 this machine, applied while the model is built, with the output layers kept in float32.
+
+`auto` is decided by measurement (`tfdist.machine.speed`): the half type this device supports
+(bfloat16 on GPUs of compute capability >= 8.0 and CPUs with AVX-512 BF16 or AMX, float16 with
+loss scaling on 7.x GPUs) when a representative training step runs at least `MIN_SPEEDUP` times
+faster in it than in float32 here, else float32.
 """
 
 from __future__ import annotations
 
 import contextlib
-import pathlib
+import dataclasses
 from typing import Iterable, Sequence
+
+from tfdist.machine import facts, speed
 
 _BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
 FLOAT32 = "float32"
 BFLOAT16 = "mixed_bfloat16"
 FLOAT16 = "mixed_float16"
+# Half precision costs exactness (bfloat16 keeps 8 bits of mantissa): take it for a clear gain
+# only, not for a measurement's noise.
+MIN_SPEEDUP = 1.1
 
 
-def choose_policy(mode: str, cpu_flags: Iterable[str] = (),
-                  gpu_capabilities: Sequence[tuple[int, int]] = (),
-                  loss_scaling: bool = True) -> str:
-  """The Keras dtype policy for `mode` (off, auto, bfloat16, float16).
+def half_candidate(cpu_flags: Iterable[str] = (), gpu_capabilities: Sequence[tuple[int, int]] = (),
+                   loss_scaling: bool = True) -> str | None:
+  """The half type worth measuring on this machine, or None. Pure.
 
-  `auto` is bfloat16 on GPUs of compute capability 8.0 or newer, float16 (Keras adds loss
-  scaling) on 7.x where the strategy allows `loss_scaling`, float32 on other GPUs; without a
-  GPU, bfloat16 on CPUs with AMX or AVX-512 BF16 instructions, else float32. Pure: the
-  machine's facts are arguments.
+  Args:
+    cpu_flags: the CPU's feature flags (used when there is no GPU).
+    gpu_capabilities: each GPU's compute capability; the oldest decides.
+    loss_scaling: whether the strategy allows float16's loss scaling.
+
+  Returns:
+    "bfloat16" (GPUs >= 8.0, CPUs with AMX or AVX-512 BF16), "float16" (7.x GPUs where loss
+    scaling works), else None.
+
+  >>> half_candidate({"avx512_bf16"})
+  'bfloat16'
+  """
+  if gpu_capabilities:
+    oldest = min(gpu_capabilities)
+    return "bfloat16" if oldest >= (8, 0) else \
+        "float16" if oldest >= (7, 0) and loss_scaling else None
+  return "bfloat16" if _BF16_CPU_FLAGS & set(cpu_flags) else None
+
+
+def choose_policy(mode: str, half: str | None = None, speedup: float | None = None) -> str:
+  """The Keras dtype policy for `mode` (off, auto, bfloat16, float16). Pure.
+
+  Args:
+    mode: the config's `training.mixed_precision`.
+    half: for `auto`, the half type this machine supports (`half_candidate`).
+    speedup: for `auto`, float32's step time over `half`'s, measured here.
+
+  Returns:
+    "float32", "mixed_bfloat16" or "mixed_float16".
+
+  >>> choose_policy("auto", "bfloat16", speedup=0.6)
+  'float32'
   """
   if mode == "off":
     return FLOAT32
-  if mode == "bfloat16":
-    return BFLOAT16
-  if mode == "float16":
-    return FLOAT16
-  if gpu_capabilities:
-    oldest = min(gpu_capabilities)
-    return BFLOAT16 if oldest >= (8, 0) else \
-        FLOAT16 if oldest >= (7, 0) and loss_scaling else FLOAT32
-  return BFLOAT16 if _BF16_CPU_FLAGS & set(cpu_flags) else FLOAT32
+  if mode in ("bfloat16", "float16"):
+    return f"mixed_{mode}"
+  if half is None or speedup is None or speedup < MIN_SPEEDUP:
+    return FLOAT32
+  return f"mixed_{half}"
 
 
-def cpu_flags(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> set[str]:
-  """This machine's CPU feature flags (empty where /proc/cpuinfo does not exist)."""
-  try:
-    text = cpuinfo.read_text()
-  except OSError:
-    return set()
-  return {flag for line in text.splitlines() if line.startswith("flags")
-          for flag in line.split(":", 1)[1].split()}
+@dataclasses.dataclass(frozen=True)
+class Precision:
+  """What `training.mixed_precision` means here.
+
+  Attributes:
+    mode: the config's value.
+    policy: the Keras dtype policy.
+    measurement: for `auto`, the probe's `speed.Measurement` (None where no half type was a
+      candidate, or the mode was not auto).
+  """
+  mode: str
+  policy: str
+  measurement: speed.Measurement | None = None
+
+  def measured(self) -> str | None:
+    """What `auto` measured, for the start line: "bfloat16 measured 1.83x float32 on CPU
+    ... (cached)"; None when it measured nothing."""
+    m = self.measurement
+    if m is None:
+      return None
+    return (f"{m.half} measured {m.speedup:.2f}x float32 on {m.device}"
+            f"{' (cached)' if m.cached else ''}")
 
 
-def gpu_capabilities() -> list[tuple[int, int]]:
-  import tensorflow as tf
-  return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
-          for gpu in tf.config.list_physical_devices("GPU")]
+def policy_for(mode: str, loss_scaling: bool = True, measure=None) -> Precision:
+  """What `mode` means on this machine, measuring (or reading the cached answer) for `auto`.
 
+  Args:
+    mode: the config's `training.mixed_precision`.
+    loss_scaling: whether the strategy allows float16's loss scaling.
+    measure: the probe, `measure(half, device) -> speedup` (tests force its answer).
 
-def policy_for(mode: str, loss_scaling: bool = True) -> str:
-  """`choose_policy` with this machine's CPU flags and GPUs."""
+  Returns:
+    A `Precision`.
+
+  ```python
+  precision = policy_for("auto")
+  with building_with(precision.policy):
+    model = make_model()
+  ```
+  """
   if mode != "auto":
-    return choose_policy(mode)
-  return choose_policy(mode, cpu_flags(), gpu_capabilities(), loss_scaling)
+    return Precision(mode, choose_policy(mode))
+  half = half_candidate(facts.cpu_flags(), facts.gpu_capabilities(), loss_scaling)
+  if half is None:
+    return Precision(mode, FLOAT32)
+  measurement = speed.half_speedup(half, measure=measure)
+  return Precision(mode, choose_policy(mode, half, measurement.speedup), measurement)
 
 
 @contextlib.contextmanager

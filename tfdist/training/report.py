@@ -4,7 +4,7 @@ where it resumes from, and a learning-rate schedule that ends before the run doe
 Printed by the chief alone (every worker would print the same), as one line each:
 
 ```
-tfdist: multi_worker_mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: bfloat16 mixed precision (training.mixed_precision: off for float32); 19 steps per call, batch callbacks once per call (training.steps_per_execution: 1); fused Adam update (training.fused_optimizer: false)
+tfdist: multi_worker_mirrored, 2 replicas, global batch 64 (32 per replica). Unlike plain Keras: bfloat16 mixed precision (auto: bfloat16 measured 1.83x float32 on Intel(R) Xeon(R) Platinum 8488C [avx512_bf16] (cached); training.mixed_precision: off for float32); 19 steps per call, batch callbacks once per call (training.steps_per_execution: 1); fused Adam update (training.fused_optimizer: false)
 ```
 """
 
@@ -15,20 +15,27 @@ from typing import TextIO
 
 import keras
 
-from tfdist.training import precision
+from tfdist.training import precision as precision_lib
 
 
-def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None, policy: str,
-                 steps_per_execution: int, fused: str | None, accumulation: int) -> str:
+def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
+                 precision: "precision_lib.Precision", steps_per_execution: int,
+                 fused: str | None, accumulation: int) -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
-  that plain Keras would not, with the config key that turns it off. Pure."""
+  that plain Keras would not, with the config key that turns it off, and what `auto`
+  measured. Pure."""
   batch = ("batch from the data" if global_batch is None else
            f"global batch {global_batch} ({global_batch // replicas} per replica)")
   head = f"tfdist: {strategy_name}, {replicas} replica{'s' * (replicas != 1)}, {batch}."
   unlike = []
-  if policy != precision.FLOAT32:
-    unlike.append(f"{policy.removeprefix('mixed_')} mixed precision "
-                  "(training.mixed_precision: off for float32)")
+  measured = precision.measured()
+  if precision.policy != precision_lib.FLOAT32:
+    why = f"auto: {measured}; " if measured else ""
+    unlike.append(f"{precision.policy.removeprefix('mixed_')} mixed precision "
+                  f"({why}training.mixed_precision: off for float32)")
+  elif measured:  # auto measured half precision and kept float32: say so.
+    head += (f" float32: {measured}, not faster (training.mixed_precision: "
+             f"{precision.measurement.half} forces it).")
   if steps_per_execution > 1:
     unlike.append(f"{steps_per_execution} steps per call, batch callbacks once per call "
                   "(training.steps_per_execution: 1)")

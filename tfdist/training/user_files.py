@@ -34,14 +34,26 @@ _WRITERS = (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint,
 
 
 @contextlib.contextmanager
-def chief_only(callbacks: Sequence, config: Config) -> Iterator[list]:
+def chief_only(callbacks: Sequence, config: Config, resuming: bool = False) -> Iterator[list]:
   """Yields the callbacks to train with: on the chief `callbacks` as given; on other tasks the
-  same callbacks writing to a temporary directory, removed on exit."""
+  same callbacks writing to a temporary directory, removed on exit. When the run resumes
+  (`resuming`: tfdist's backup, or the user's own BackupAndRestore has one), the user's
+  CSVLogger appends: Keras's default `append=False` would truncate the epochs already logged."""
+  if resuming or any(_has_backup(c) for c in callbacks):
+    for callback in callbacks:
+      if isinstance(callback, keras.callbacks.CSVLogger):
+        callback.append = True
   if is_chief(config) or not any(isinstance(c, _WRITERS) for c in callbacks):
     yield list(callbacks)
     return
   with scratch_dir(config) as scratch:
     yield [_redirected(c, scratch, task_name(config)) for c in callbacks]
+
+
+def _has_backup(callback) -> bool:
+  return isinstance(callback, keras.callbacks.BackupAndRestore) and (
+      os.path.exists(callback._training_metadata_path) or
+      os.path.exists(callback._prev_training_metadata_path))
 
 
 def save_on_chief_only(model, config: Config) -> None:

@@ -1,0 +1,37 @@
+"""A user's reproducible run: `tf.config.experimental.enable_op_determinism()` first, then a
+plain Keras model trained with tfdist.fit under the launcher's config; the chief writes its
+weights to OUT_DIR/weights.npz.
+
+    python deterministic.py OUT_DIR
+"""
+
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+
+tf.config.experimental.enable_op_determinism()
+OUT = sys.argv[1]
+
+rng = np.random.default_rng(0)
+x = rng.random((256, 16), dtype=np.float32)
+y = (x.sum(axis=1) > 8).astype("int32")
+
+
+def make_model():
+  keras.utils.set_random_seed(5)
+  return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                           keras.layers.Dense(2)])
+
+
+history = tfdist.fit(make_model, x, y, shuffle=False, verbose=2,
+                     compile=lambda: dict(optimizer=keras.optimizers.Adam(0.01),
+                                          loss=keras.losses.SparseCategoricalCrossentropy(
+                                              from_logits=True)))
+if tfdist.is_chief():
+  os.makedirs(OUT, exist_ok=True)
+  np.savez(os.path.join(OUT, "weights.npz"), *history.model.get_weights())
