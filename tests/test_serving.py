@@ -89,6 +89,25 @@ def test_a_lone_caller_never_waits_for_a_batch(model):
     predictor.close()
 
 
+def test_a_lone_caller_runs_on_its_own_thread_and_concurrent_ones_are_batched(model):
+  predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=5)
+  threads = []
+  run = predictor.model.run
+  predictor.model.run = lambda *a: (threads.append(threading.get_ident()), run(*a))[1]
+  try:
+    np.testing.assert_allclose(predictor.predict(X[:1]), model.predict(X[:1], verbose=0),
+                               atol=1e-5)
+    assert threads == [threading.get_ident()]  # No hand-off to the batching thread.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+      answers = list(pool.map(lambda i: predictor.predict(X[i:i + 1]), range(64)))
+    np.testing.assert_allclose(np.concatenate(answers), model.predict(X[:64], verbose=0),
+                               atol=1e-5)
+    assert predictor._thread.ident in threads  # Concurrent callers went to the batcher ...
+    assert max(size for size, count in predictor.stats.batches.items() if count) > 1  # ... batched.
+  finally:
+    predictor.close()
+
+
 def test_bad_requests_fail_alone(model):
   predictor = BatchingPredictor(failing_on_negative_input(), max_batch_size=8, max_wait_ms=50)
   try:

@@ -27,3 +27,11 @@ __version__ = "0.1.0"
 
 _beat()  # A launched task tells its launcher it is alive, even while the strategy waits.
 _prepare()  # A launched task's strategy, before the script can start TensorFlow.
+
+
+def __getattr__(name: str):
+  # `tfdist.TrainingLoop` imports TensorFlow: only when asked for, not at `import tfdist`.
+  if name == "TrainingLoop":
+    from tfdist.training.loop import TrainingLoop
+    return TrainingLoop
+  raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

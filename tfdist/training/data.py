@@ -82,7 +82,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
                       f"Received: y of type {type(y).__name__}")
     require_batched_by(x, batch_size, name)
-    return then(_with_shard_policy(x))
+    return then(with_shard_policy(x))
   if is_arrays(x):
     require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y)
@@ -249,7 +249,7 @@ def is_arrays(x) -> bool:
                               for v in leaves)
 
 
-def _with_shard_policy(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def with_shard_policy(dataset: tf.data.Dataset) -> tf.data.Dataset:
   if dataset.options().experimental_distribute.auto_shard_policy != \
       tf.data.experimental.AutoShardPolicy.AUTO:
     return dataset  # The caller chose.

@@ -4,6 +4,7 @@ strategy, with the model built in the strategy's scope and the batches sharded r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, Callable, Mapping
@@ -66,7 +67,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   _refuse_keras_distribution()
   evaluator = config.task is not None and config.task.type == "evaluator"
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
-  from tfdist.training import checkpoints, data, keras_fixes, report, user_files
+  from tfdist.training import (checkpoints, data, keras_fixes, replica_math, report,
+                               user_files)
 
   import keras
   training = config.training
@@ -145,8 +147,12 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       parameter_server.explain_keras_calls(model)
     else:
       validation = _validation(validation_data, strategy, global_batch)
+      own_step = not hybrid and replicas > 1 and not keras_fixes.keras_train_step(model)
+      if own_step:
+        _one_device_arithmetic(model, optimizer, global_batch)
       with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock, epoch_steps), \
-          data.empty_batches_explained("train_data"):
+          data.empty_batches_explained("train_data"), \
+          replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
         history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             validation_data=validation, callbacks=files + callbacks,
                             shuffle=False, **fit_kwargs)
@@ -154,6 +160,19 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     checkpoints.save_final_model(model, config)
   user_files.save_on_chief_only(model, config)
   return history
+
+
+def _one_device_arithmetic(model, optimizer, global_batch: int) -> None:
+  """A subclass's own `train_step` (written as for one device: a mean loss, `tape.gradient`,
+  `apply_gradients`) trains as on one device: each replica's gradients weighted by its share of
+  the global batch before they are summed (`replica_math`), not summed whole (measured: one
+  device with twice the learning rate), and its losses not divided by the replicas (a reported
+  loss halved) while `unscaled_keras_losses` is on."""
+  from tfdist.training import replica_math
+  replica_math.weight_gradients_by_share(optimizer)
+  user_step = model.train_step
+  model.train_step = lambda data: replica_math.with_share(data, global_batch,
+                                                          lambda: user_step(data))[0]
 
 
 def _build(model_fn, compile, strategy, config: Config, hybrid=None):

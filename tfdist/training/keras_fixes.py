@@ -51,13 +51,7 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
   `epoch_steps` is the steps an epoch has, when known (local accumulation needs it: a call
   must never ask for a batch past the end of the data)."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
-  accumulating = _BROKEN and _replicated(strategy) and \
-      getattr(optimizer, "gradient_accumulation_steps", None)
-  if accumulating:
-    # keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync
-    # point) inside a cond, which tf.distribute refuses.
-    optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
-                                                          optimizer)
+  accumulating = accumulate_outside_cond(optimizer, strategy)
   local = accumulating and epoch_steps and local_accumulation(model, strategy)
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
@@ -96,6 +90,21 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
     tf_trainer.reduce_per_replica = original
 
 
+def accumulate_outside_cond(optimizer, strategy) -> bool:
+  """Makes `optimizer`'s gradient accumulation work under a replicated `strategy`; returns
+  whether it accumulates there.
+
+  keras-team/keras#20582: Keras's accumulation puts the optimizer's merge_call (a sync point)
+  inside a cond, which tf.distribute refuses.
+  """
+  accumulating = _BROKEN and _replicated(strategy) and \
+      getattr(optimizer, "gradient_accumulation_steps", None)
+  if accumulating:
+    optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
+                                                          optimizer)
+  return bool(accumulating)
+
+
 def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
            summed_deltas: bool):
   if iterator is None or not (stamped or local_replica):
@@ -114,10 +123,25 @@ def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
 
 
 def _sum_metric_deltas(self):
-  # keras-team/keras#21054: Keras's assign_add is assign(self + delta). Under CentralStorage a
-  # metric variable is an AggregatingVariable(SUM), which sums the replicas' assigned values
-  # (old total counted once per replica). TensorFlow's own assign_add sums the deltas.
-  for variable in self.metrics_variables:
+  sum_deltas(self.metrics_variables)
+
+
+def counts_replicas_wrong(strategy) -> bool:
+  """Whether Keras's metric updates miscount under `strategy` (keras#21054: CentralStorage)."""
+  return _BROKEN and _central_storage(strategy)
+
+
+def sum_deltas(variables) -> None:
+  """Makes each variable's `assign_add` TensorFlow's own, which adds deltas.
+
+  keras-team/keras#21054: Keras's assign_add is assign(self + delta). Under CentralStorage a
+  metric variable is an AggregatingVariable(SUM), which sums the replicas' assigned values (the
+  old total counted once per replica); under parameter_server two workers updating at once
+  lose one's increment. TensorFlow's assign_add sums the deltas, atomically on a ps.
+  """
+  if not _BROKEN:
+    return
+  for variable in variables:
     variable.assign_add = types.MethodType(_add_delta, variable)
 
 
@@ -138,11 +162,12 @@ def local_accumulation(model, strategy) -> bool:
   """Whether `model` accumulates gradients locally (`training.accumulation`): under mirrored or
   multi_worker_mirrored, with Keras's own `train_step` (its logs are the metrics' results) and
   no loss scaling (whose update runs inside a cond)."""
-  return _mirrors(strategy) and _keras_train_step(model) and \
+  return _mirrors(strategy) and keras_train_step(model) and \
       not hasattr(model.optimizer, "inner_optimizer")
 
 
-def _keras_train_step(model) -> bool:
+def keras_train_step(model) -> bool:
+  """Whether `model` trains with Keras's own `train_step` (not a subclass's or an instance's)."""
   return "train_step" not in vars(model) and \
       type(model).train_step is tf_trainer.TensorFlowTrainer.train_step
 
@@ -164,7 +189,7 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
   optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
   every = optimizer.gradient_accumulation_steps if training and \
       hasattr(optimizer, "tfdist_phase") else 0  # Set by accumulation.install.
-  logs_once = training and _keras_train_step(self)
+  logs_once = training and keras_train_step(self)
 
   def run(data, requested_at, phase=None):
     if phase:
@@ -291,7 +316,4 @@ def count_every_update(model) -> None:
   it learning-rate schedules and Adam's bias correction) and the metrics undercount.
   TensorFlow's own assign_add is one atomic op on the ps.
   """
-  if not _BROKEN:
-    return
-  for variable in [model.optimizer.iterations, *model.metrics_variables]:
-    variable.assign_add = types.MethodType(_add_delta, variable)
+  sum_deltas([model.optimizer.iterations, *model.metrics_variables])

@@ -1,0 +1,86 @@
+"""TensorFlow's "Custom training with tf.distribute.Strategy" loop, ported to tfdist.TrainingLoop
+as a user ports it: the step written as for one device (a Keras loss or `tf.reduce_mean` of the
+per-example loss, `tape.gradient`, `optimizer.apply_gradients`, a Keras accuracy metric).
+
+    python custom_loop.py OUT_DIR [keras_loss|reduce_mean] [EXIT_AFTER_EPOCH]
+
+Under the launcher's config; the chief writes OUT_DIR/result.npz (weights, per-epoch loss and
+accuracy). With EXIT_AFTER_EPOCH=k, worker-1 of a first attempt (no OUT_DIR/crashed marker)
+SIGKILLs itself after epoch k, so a test can check the restarted cluster resumes.
+"""
+
+import os
+import signal
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+
+EPOCHS = 4
+
+
+def data():
+  rng = np.random.default_rng(0)
+  x = rng.random((256, 16), dtype=np.float32)
+  y = (x[:, :8].sum(axis=1) > x[:, 8:].sum(axis=1)).astype("int32")
+  return x, y
+
+
+def train(config=None, style="keras_loss", out=None, exit_after=None):
+  """Returns (weights, [loss per epoch], [accuracy per epoch]) of the chief."""
+  loop = tfdist.TrainingLoop(config)
+  with loop.scope():
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((16,)),
+                              keras.layers.Dense(32, activation="relu",
+                                                 kernel_regularizer=keras.regularizers.L2(1e-3)),
+                              keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam(0.01)
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+  loop.prepare(model, optimizer, accuracy)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, reduction="none" if style == "reduce_mean" else "sum_over_batch_size")
+
+  @tf.function  # A user's habit; the loop runs its Python function.
+  def train_step(x, y):
+    with tf.GradientTape() as tape:
+      logits = model(x, training=True)
+      loss = loss_fn(y, logits)
+      if style == "reduce_mean":
+        loss = tf.reduce_mean(loss)
+      loss += tf.add_n(model.losses)
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    accuracy.update_state(y, logits)
+    return {"loss": loss}
+
+  x, y = data()
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(loop.global_batch_size)
+  losses, accuracies = [], []
+  for epoch in loop.epochs(EPOCHS):
+    total, calls = 0.0, 0
+    for logs in loop.run(train_step, dataset, steps=len(x) // loop.global_batch_size):
+      total, calls = total + float(logs["loss"]), calls + 1
+    losses.append(total / calls)
+    accuracies.append(float(accuracy.result()))
+    accuracy.reset_state()
+    loop.print(f"epoch {epoch + 1}: loss {losses[-1]:.4f} accuracy {accuracies[-1]:.4f}")
+    if exit_after == epoch + 1 and out and not os.path.exists(os.path.join(out, "crashed")) \
+        and tfdist.task() is not None and tfdist.task().index == 1:
+      open(os.path.join(out, "crashed"), "w").close()
+      os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
+  return [w.numpy() for w in model.weights], losses, accuracies
+
+
+if __name__ == "__main__":
+  out = sys.argv[1]
+  os.makedirs(out, exist_ok=True)
+  weights, losses, accuracies = train(style=sys.argv[2] if len(sys.argv) > 2 else "keras_loss",
+                                      out=out,
+                                      exit_after=int(sys.argv[3]) if len(sys.argv) > 3 else None)
+  if tfdist.is_chief():
+    np.savez(os.path.join(out, "result.npz"), losses=losses, accuracies=accuracies,
+             **{f"w{i}": w for i, w in enumerate(weights)})

@@ -1,0 +1,189 @@
+"""A user's own training loop (tfdist.TrainingLoop) and a subclass's own train_step (tfdist.fit)
+under every strategy, written as for one device: one device's weights, losses and metrics under
+one_device, mirrored and central_storage (2 logical CPUs) and multi_worker_mirrored (2
+processes); parameter_server converges; a cluster restarted after a killed worker resumes to an
+uninterrupted run's weights; the README's loop runs as written."""
+
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import PROGRAMS, REPO
+from tests.launching import finish, start_launch
+from tests.programs import custom_loop, custom_train_step
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+TRAINING = {"global_batch_size": 32, "mixed_precision": "off", "steps_per_execution": 3}
+STRATEGIES = {
+    "one_device": {"strategy": "one_device"},
+    "mirrored": {"strategy": "mirrored", "devices": {"logical_cpus": 2}},
+    "central_storage": {"strategy": "central_storage", "devices": {"logical_cpus": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def one_device_loop():
+  return {style: custom_loop.train({"strategy": "default", "training": TRAINING}, style)
+          for style in ("keras_loss", "reduce_mean")}
+
+
+def assert_same(got, want, atol=1e-5):
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(a, b, atol=atol)
+
+
+@pytest.mark.parametrize("style", ["keras_loss", "reduce_mean"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_the_loop_gives_one_devices_weights_losses_and_metrics(one_device_loop, strategy, style):
+  weights, losses, accuracies = custom_loop.train(
+      {**STRATEGIES[strategy], "training": TRAINING}, style)
+  want_weights, want_losses, want_accuracies = one_device_loop[style]
+  assert_same(weights, want_weights)
+  np.testing.assert_allclose(losses, want_losses, atol=1e-5)
+  np.testing.assert_allclose(accuracies, want_accuracies, atol=1e-6)  # central_storage: #21054.
+  assert losses[-1] < losses[0]
+
+
+def test_the_configs_accumulation_and_precision_apply_to_the_loop():
+  accumulating = {**TRAINING, "gradient_accumulation_steps": 2}
+  want, _, _ = custom_loop.train({"strategy": "default", "training": accumulating})
+  got, _, _ = custom_loop.train({**STRATEGIES["mirrored"], "training": accumulating})
+  assert_same(got, want)
+  plain, _, _ = custom_loop.train({"strategy": "default", "training": TRAINING})
+  assert max(float(np.abs(a - b).max()) for a, b in zip(want, plain)) > 1e-3  # It acted.
+  import keras
+  import tfdist
+  loop = tfdist.TrainingLoop({"strategy": "default",
+                              "training": {**TRAINING, "mixed_precision": "bfloat16"}})
+  with loop.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+  loop.prepare(model)
+  assert [layer.dtype_policy.name for layer in model.layers] == ["mixed_bfloat16", "float32"]
+  assert keras.config.dtype_policy().name == "float32"  # Restored after the scope.
+
+
+@pytest.mark.parametrize("style", ["reduce_mean", "compute_loss"])
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
+def test_a_subclass_train_step_under_fit_trains_as_one_device(strategy, style):
+  training = {"global_batch_size": 32, "mixed_precision": "off"}
+  want_weights, want_losses = custom_train_step.train(
+      {"strategy": "default", "training": training}, style)
+  weights, losses = custom_train_step.train({**STRATEGIES[strategy], "training": training},
+                                            style)
+  assert_same(weights, want_weights)
+  np.testing.assert_allclose(losses, want_losses, atol=1e-5)  # Not halved.
+
+
+def launch(tmp_path, config, program, *args, extra=()):
+  (tmp_path / "config.yaml").write_text(config)
+  process = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"), *extra,
+                         "--", sys.executable, str(PROGRAMS / program), str(tmp_path / "out"),
+                         *args)
+  output = finish(process, 240, [])
+  assert process.returncode == 0, output[-3000:]
+  return output, np.load(tmp_path / "out" / "result.npz")
+
+
+MWMS = ("cluster: {worker: 2}\ntraining: {global_batch_size: 32, mixed_precision: 'off', "
+        "steps_per_execution: 3}\n")
+
+
+def test_the_loop_on_two_workers_gives_one_devices_weights(tmp_path, one_device_loop):
+  output, result = launch(tmp_path, MWMS, "custom_loop.py", "reduce_mean")
+  want_weights, want_losses, _ = one_device_loop["reduce_mean"]
+  assert_same([result[f"w{i}"] for i in range(4)], want_weights)
+  np.testing.assert_allclose(result["losses"], want_losses, atol=1e-5)
+  assert len(re.findall(r"^\[worker-0\] epoch \d: loss", output, re.M)) == custom_loop.EPOCHS
+
+
+def test_a_train_step_on_two_workers_trains_as_one_device(tmp_path):
+  training = {"global_batch_size": 32, "mixed_precision": "off"}
+  want_weights, want_losses = custom_train_step.train(
+      {"strategy": "default", "training": training}, "reduce_mean")
+  _, result = launch(tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
+                     "mixed_precision: 'off'}\n", "custom_train_step.py", "reduce_mean")
+  assert_same([result[f"w{i}"] for i in range(4)], want_weights)
+  np.testing.assert_allclose(result["losses"], want_losses, atol=1e-5)
+
+
+def test_the_loop_under_parameter_server_converges(tmp_path):
+  _, result = launch(tmp_path, "cluster: {chief: 1, worker: 2, ps: 1}\n"
+                     "strategy: parameter_server\ntraining: {global_batch_size: 32, "
+                     "mixed_precision: 'off', steps_per_execution: 4}\n", "custom_loop.py")
+  assert result["losses"][-1] < 0.8 * result["losses"][0]
+  assert result["accuracies"][-1] > 0.8
+
+
+def test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights(
+    tmp_path, one_device_loop):
+  output, result = launch(
+      tmp_path, MWMS + f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n", "custom_loop.py",
+      "keras_loss", "2", extra=("--max-restarts", "1"))
+  assert "worker-1 failed first (exit code -9)" in output
+  assert "tfdist: resuming at epoch 3, step 16 from" in output
+  assert_same([result[f"w{i}"] for i in range(4)], one_device_loop["keras_loss"][0])
+  assert sorted(p.name for p in (tmp_path / "checkpoints" / "loop").iterdir())[0] == "checkpoint"
+
+
+def readme_loop() -> str:
+  text = (REPO / "README.md").read_text()
+  return re.search(r"<!-- the custom loop, run by tests -->\n```python\n(.*?)```", text,
+                   re.S).group(1)
+
+
+def test_the_readme_loop_runs_as_written_under_mirrored(tmp_path):
+  (tmp_path / "train.py").write_text(readme_loop())
+  (tmp_path / "config.yaml").write_text("strategy: mirrored\ndevices: {logical_cpus: 2}\n"
+                                        "training: {global_batch_size: 64}\n")
+  process = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"), "--",
+                         sys.executable, str(tmp_path / "train.py"))
+  output = finish(process, 240, [])
+  assert process.returncode == 0, output[-3000:]
+  accuracies = [float(a) for a in re.findall(r"accuracy (\S+)", output)]
+  assert len(accuracies) == 5 and accuracies[-1] > 0.8, output[-3000:]
+
+
+def small_loop(checkpoint_dir=None):
+  import keras
+  import tensorflow as tf
+  import tfdist
+  loop = tfdist.TrainingLoop({"strategy": "default", "training": TRAINING,
+                              "checkpoint": {"dir": str(checkpoint_dir)} if checkpoint_dir
+                              else {}})
+  with loop.scope():
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+  loop.prepare(model, optimizer)
+
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x) - tf.one_hot(y, 2)))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    return loss
+  x, y = custom_loop.data()
+  return loop, model, step, tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+
+def test_each_run_is_a_pass_over_the_data_and_a_mid_epoch_save_resumes_at_its_batch(tmp_path):
+  loop, model, step, dataset = small_loop()
+  calls = [len(list(loop.run(step, dataset))) for _ in range(3)]  # 8 batches, 3 a call.
+  assert calls == [3, 3, 3] and loop.step == 24
+  uninterrupted = [w.numpy() for w in model.weights]
+
+  loop, model, step, dataset = small_loop(tmp_path)
+  for epoch in loop.epochs(3):
+    steps = 4 if epoch == 1 else None
+    list(loop.run(step, dataset, steps=steps))
+    if epoch == 1:
+      loop.save()  # Half of the second epoch done: then the machine goes away.
+      break
+  loop, model, step, dataset = small_loop(tmp_path)  # A new process, the same directory.
+  for epoch in loop.epochs(3):
+    list(loop.run(step, dataset))
+  assert loop.step == 24
+  assert_same([w.numpy() for w in model.weights], uninterrupted, atol=1e-6)
