@@ -22,11 +22,12 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
-  from tfdist.launch.gpus import share_gpus
+  from tfdist.launch.gpus import share_gpus, uses_gpus
   from tfdist.machine import facts
   host_gpus = facts.visible_gpus()
   # A task sees its share of the host's GPUs (`tfdist launch` sets CUDA_VISIBLE_DEVICES).
-  tasks = len(config.cluster.tasks()) if not config.cluster.has_addresses else 1
+  tasks = 1 if config.cluster.has_addresses else len(
+      [t for t in config.cluster.tasks() if uses_gpus(t.type, config.strategy.name)])
   per_task = len(share_gpus(host_gpus, 0, max(tasks, 1), config.devices.gpus_per_task).devices)
   gpus = min(_gpus_if_needed(config), per_task) if host_gpus else _gpus_if_needed(config)
   print(render(config, gpus, _policy(config), host_gpus=host_gpus))
