@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import CONFIGS, REPO
+from tests.launching import ENV
 
 
 def tfdist(*args, env=None):
@@ -58,3 +59,21 @@ def test_usage_mistakes_exit_2_with_one_line(args, message):
   result = tfdist(*args)
   assert result.returncode == 2
   assert result.stderr.splitlines()[0] == message
+
+
+def test_importing_tfdist_and_the_launchers_event_writer_leaves_tensorflow_out(tmp_path):
+  # A bad config is refused before TensorFlow loads, and the launcher never loads it: its
+  # TensorBoard event writer uses TensorBoard's own TensorFlow-free stub.
+  program = (
+      "import sys, tfdist\n"
+      "from tfdist.monitoring.launch_events import LaunchEvents\n"
+      f"events = LaunchEvents({str(tmp_path)!r})\n"
+      "events('worker-1 started')\n"
+      "events.close()\n"
+      "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'loaded'\n"
+      "print(tfdist.TrainingLoop.__name__)\n")  # Loaded when asked for.
+  done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=ENV, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "TrainingLoop"
+  assert list(tmp_path.iterdir())  # The event file was written.

@@ -187,3 +187,15 @@ def test_each_run_is_a_pass_over_the_data_and_a_mid_epoch_save_resumes_at_its_ba
     list(loop.run(step, dataset))
   assert loop.step == 24
   assert_same([w.numpy() for w in model.weights], uninterrupted, atol=1e-6)
+
+
+def test_prepare_says_what_it_takes():
+  import keras
+  loop, _, _, _ = small_loop()
+  with pytest.raises(TypeError, match="loop.prepare takes Keras models, optimizers and metrics. "
+                     "Received: str"):
+    loop.prepare("model")
+  with loop.scope():
+    optimizer = keras.optimizers.SGD(0.1)
+  with pytest.raises(ValueError, match="Received: SGD alone"):
+    loop.prepare(optimizer)

@@ -117,6 +117,10 @@ class TrainingLoop:
 
     Returns:
       The objects, unchanged in identity (one object alone, else a tuple).
+
+    Raises:
+      TypeError: an object of another kind.
+      ValueError: an optimizer without built models before it.
     """
     models = [o for o in objects if isinstance(o, keras.Model)]
     for obj in objects:
@@ -129,8 +133,8 @@ class TrainingLoop:
         if keras_fixes.counts_replicas_wrong(self.strategy) or self.asynchronous:
           keras_fixes.sum_deltas(obj.variables)
       else:
-        raise ConfigError("takes Keras models, optimizers and metrics", key="prepare",
-                          received=type(obj).__name__)
+        raise TypeError("loop.prepare takes Keras models, optimizers and metrics. "
+                        f"Received: {type(obj).__name__}")
     return objects[0] if len(objects) == 1 else objects
 
   def _prepare_optimizer(self, optimizer, models) -> None:
@@ -148,9 +152,9 @@ class TrainingLoop:
       keras_fixes.accumulate_outside_cond(inner, self.strategy)
     if not optimizer.built:
       if not variables:
-        raise ConfigError("needs the models the optimizer updates, built, before it: "
-                          "loop.prepare(model, optimizer)", key="prepare",
-                          received=type(optimizer).__name__)
+        raise ValueError("loop.prepare needs the built models an optimizer updates before it: "
+                         f"loop.prepare(model, optimizer). Received: {type(optimizer).__name__} "
+                         "alone")
       with self.scope():
         optimizer.build(variables)
     replica_math.weight_gradients_by_share(inner)
