@@ -94,7 +94,6 @@ class TrainingLoop:
     self._tracked: dict[str, object] = {}
     self._compiled: dict[int, Callable] = {}
     self._coordinator, self._worker_iterators, self._streams = None, {}, {}
-    self._manager = None
 
   @contextlib.contextmanager
   def scope(self):
@@ -112,8 +111,8 @@ class TrainingLoop:
     workers); models and optimizers go into the loop's checkpoint.
 
     Args:
-      *objects: Keras models, optimizers and metrics, in any order (models before the
-        optimizer that updates them).
+      *objects: Keras models, optimizers and metrics, in any order (an optimizer is built on
+        the models prepared with it).
 
     Returns:
       The objects, unchanged in identity (one object alone, else a tuple).
@@ -188,6 +187,12 @@ class TrainingLoop:
       step's of each call.
     """
     data.require_batched_by(dataset, self.global_batch_size, "dataset")
+    if self.global_batch_size is None:  # The config gives none: the dataset's own batch.
+      self.global_batch_size = data.batched_by(dataset)
+      if self.global_batch_size is None and self.replicas > 1:
+        raise ConfigError("is needed to weigh each replica's share of a batch: set it, or "
+                          "batch the dataset with a known size", key="training.global_batch_size",
+                          received=None, source=self.config.source)
     step_fn = getattr(step_fn, "python_function", step_fn)
     if self.asynchronous:
       yield from self._run_on_workers(step_fn, dataset, steps)
