@@ -149,7 +149,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       validation = _validation(validation_data, strategy, global_batch)
       own_step = not hybrid and replicas > 1 and not keras_fixes.keras_train_step(model)
       if own_step:
-        _one_device_arithmetic(model, optimizer, global_batch)
+        _one_device_arithmetic(model, optimizer, global_batch or data.batched_by(train_data),
+                               config)
       with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock, epoch_steps), \
           data.empty_batches_explained("train_data"), \
           replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
@@ -162,13 +163,17 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   return history
 
 
-def _one_device_arithmetic(model, optimizer, global_batch: int) -> None:
+def _one_device_arithmetic(model, optimizer, global_batch: int | None, config: Config) -> None:
   """A subclass's own `train_step` (written as for one device: a mean loss, `tape.gradient`,
   `apply_gradients`) trains as on one device: each replica's gradients weighted by its share of
   the global batch before they are summed (`replica_math`), not summed whole (measured: one
   device with twice the learning rate), and its losses not divided by the replicas (a reported
   loss halved) while `unscaled_keras_losses` is on."""
   from tfdist.training import replica_math
+  if not global_batch:
+    raise ConfigError("is needed to weigh each replica's share of a batch in the model's own "
+                      "train_step: set it, or pass a dataset batched with a known size",
+                      key="training.global_batch_size", received=None, source=config.source)
   replica_math.weight_gradients_by_share(optimizer)
   user_step = model.train_step
   model.train_step = lambda data: replica_math.with_share(data, global_batch,
