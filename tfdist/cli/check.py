@@ -22,16 +22,22 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
-  from tfdist.launch.gpus import share_gpus, uses_gpus
   from tfdist.machine import facts
   host_gpus = facts.visible_gpus()
-  # A task sees its share of the host's GPUs (`tfdist launch` sets CUDA_VISIBLE_DEVICES).
-  tasks = 1 if config.cluster.has_addresses else len(
-      [t for t in config.cluster.tasks() if uses_gpus(t.type, config.strategy.name)])
-  per_task = len(share_gpus(host_gpus, 0, max(tasks, 1), config.devices.gpus_per_task).devices)
-  gpus = min(_gpus_if_needed(config), per_task) if host_gpus else _gpus_if_needed(config)
+  gpus = _gpus_if_needed(config)
+  if host_gpus:  # A task sees its share of the host's GPUs (CUDA_VISIBLE_DEVICES).
+    gpus = min(gpus, max(len(s.devices) for s in _shares(config, host_gpus).values()))
   print(render(config, gpus, _policy(config), host_gpus=host_gpus))
   return 0
+
+
+def _shares(config: Config, host_gpus) -> dict:
+  """Each task's GPUs as `tfdist launch` on this host gives them (one task of a real cluster
+  runs on each host: the host's GPUs are its own)."""
+  from tfdist.launch.gpus import host_shares, share_gpus
+  if config.cluster.has_addresses:
+    return {None: share_gpus(host_gpus, 0, 1, config.devices.gpus_per_task)}
+  return host_shares(config, host_gpus)
 
 
 def render(config: Config, local_gpus: int, policy=None, host_gpus=()) -> str:
@@ -64,24 +70,16 @@ def render(config: Config, local_gpus: int, policy=None, host_gpus=()) -> str:
     lines.append(f"GPUs of each task on this host ({','.join(host_gpus)} visible): "
                  + gpu_shares(config, host_gpus))
   if policy is not None:
-    measured = policy.measured()
     lines.append(f"precision: mixed_precision {config.training.mixed_precision} is "
-                 f"{policy.policy} on this machine" + (f" ({measured})" if measured else ""))
+                 f"{policy.describe()} on this machine")
   return "\n".join(lines)
 
 
 def gpu_shares(config: Config, host_gpus) -> str:
   """Which GPUs each task `tfdist launch` starts here gets (CUDA_VISIBLE_DEVICES). Pure."""
-  from tfdist.launch.gpus import share_gpus, uses_gpus
-  local = [] if config.cluster.has_addresses else [
-      t for t in config.cluster.tasks() if uses_gpus(t.type, config.strategy.name)]
-  if not local:  # One process, or one task of a real cluster on each host.
-    share = share_gpus(host_gpus, 0, 1, config.devices.gpus_per_task)
-    return f"each process: {','.join(share.devices) or 'none'}"
-  shares = [(t, share_gpus(host_gpus, i, len(local), config.devices.gpus_per_task))
-            for i, t in enumerate(local)]
-  return "; ".join(f"{t.name}: {','.join(s.devices) or 'none'}{' (shared)' if s.shared else ''}"
-                   for t, s in shares)
+  return "; ".join(f"{'each process' if t is None else t.name}: "
+                   f"{','.join(s.devices) or 'none'}{' (shared)' if s.shared else ''}"
+                   for t, s in _shares(config, host_gpus).items())
 
 
 def _policy(config: Config):

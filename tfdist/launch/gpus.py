@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from tfdist.config.schema import Config, TaskConfig
 from tfdist.errors import ConfigError
 
 # TensorFlow's own switch: allocate GPU memory as needed instead of nearly all of it at start.
@@ -39,12 +40,14 @@ class GpuShare:
   def env(self, host_gpus: Sequence[str], gpu_memory: str | int) -> tuple[tuple[str, str], ...]:
     """The variables that give a task this share on a host with `host_gpus`: none on a host
     without GPUs; `CUDA_VISIBLE_DEVICES` (empty hides them all), and memory growth when the
-    GPU is shared and `gpu_memory` (the config's `devices.gpu_memory`) is "auto"."""
+    GPU is shared and `gpu_memory` (the config's `devices.gpu_memory`) is "auto": a task
+    cannot know it shares its GPU, while "growth" and MiB it applies itself
+    (`strategy.devices.configure_devices`)."""
     if not host_gpus:
       return ()
     env = (("CUDA_VISIBLE_DEVICES", ",".join(self.devices)),)
-    grow = gpu_memory == "growth" or (self.shared and gpu_memory == "auto")
-    return env + (((GROWTH_ENV, "true"),) if grow and self.devices else ())
+    grow = self.shared and gpu_memory == "auto" and self.devices
+    return env + (((GROWTH_ENV, "true"),) if grow else ())
 
 
 def share_gpus(gpus: Sequence[str], local_index: int, local_count: int,
@@ -79,6 +82,29 @@ def share_gpus(gpus: Sequence[str], local_index: int, local_count: int,
     each = len(gpus) // local_count
     return GpuShare(tuple(gpus[local_index * each:(local_index + 1) * each]))
   return GpuShare((gpus[local_index % len(gpus)],), shared=True)
+
+
+def host_shares(config: Config, gpus: Sequence[str], *, task: TaskConfig | None = None,
+                local_task: tuple[int, int] | None = None) -> dict:
+  """{task: its GpuShare} of the tasks a launch runs on this host: every task of a cluster given
+  by counts, or `task` alone (at `local_task`, its (index, count) among the host's GPU tasks:
+  Slurm's local id; default the host's GPUs are all its own); {None: the share} for a config
+  without a cluster. Pure.
+
+  >>> from tfdist.config import load_config
+  >>> [s.devices for s in host_shares(load_config({"cluster": {"worker": 2}}), ["0", "1"]).values()]
+  [('0',), ('1',)]
+  """
+  per_task = config.devices.gpus_per_task
+  if config.cluster.is_empty:
+    return {None: share_gpus(gpus, 0, 1, per_task)}
+  here = [t for t in config.cluster.tasks() if task is None or t == task]
+  computing = [t for t in here if uses_gpus(t.type, config.strategy.name)]
+  shares = {}
+  for t in here:
+    index, count = local_task or (computing.index(t) if t in computing else 0, len(computing))
+    shares[t] = share_gpus(gpus, index, count, per_task) if t in computing else GpuShare(())
+  return shares
 
 
 def uses_gpus(job: str, strategy: str) -> bool:

@@ -17,7 +17,7 @@ from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
-from tfdist.launch.gpus import GpuShare, share_gpus, uses_gpus
+from tfdist.launch.gpus import host_shares
 from tfdist.launch.liveness import HEARTBEAT_ENV
 
 
@@ -105,8 +105,8 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
   if cluster.is_empty:  # One process on this machine: the same command for every config.
     env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
-        _user_command_env(fresh, log_dir) + share_gpus(
-            gpus, 0, 1, config.devices.gpus_per_task).env(gpus, config.devices.gpu_memory)
+        _user_command_env(fresh, log_dir) + \
+        host_shares(config, gpus)[None].env(gpus, config.devices.gpu_memory)
     return LaunchPlan((ProcessPlan(None, tuple(command), env, os.path.join(log_dir, "local.log"),
                                    False, None, True),), "cluster")
   if not cluster.has_addresses:
@@ -116,18 +116,14 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
                         received=str(task), source=config.source)
     cluster = with_local_addresses(cluster, ports)
   processes = []
-  here = [t for t in cluster.tasks() if task is None or t == task]
-  gpu_tasks = [t for t in here if uses_gpus(t.type, config.strategy.name)]
-  for t in here:
+  shares = host_shares(config, gpus, task=task, local_task=local_task)
+  for t in shares:
     serves = runs_server(config, t.type)
     argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
            (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
-    index, count = local_task or (gpu_tasks.index(t) if t in gpu_tasks else 0, len(gpu_tasks))
-    share = share_gpus(gpus, index, count, config.devices.gpus_per_task) \
-        if t in gpu_tasks else GpuShare(())
-    env += share.env(gpus, config.devices.gpu_memory)
+    env += shares[t].env(gpus, config.devices.gpu_memory)
     if not serves:
       env += _user_command_env(fresh, log_dir)
     address = None if t.type == "evaluator" else cluster.addresses[t.type][t.index]

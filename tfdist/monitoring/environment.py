@@ -43,7 +43,7 @@ def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
       "cpu": f"{facts.cpu_model(cpuinfo)}, {os.cpu_count()} logical cores",
       "cpu_features": " ".join(f for f in _CPU_FEATURES if f in flags) or "none of note",
       "gpus": gpus,
-      "auto_precision": _auto(policy_for("auto")),
+      "auto_precision": policy_for("auto").describe(),
       "free_ports": [portpicker.pick_unused_port() for _ in range(2)],
       "tf_config": os.environ.get("TF_CONFIG", ""),
   }
@@ -79,8 +79,3 @@ def _version(package: str) -> str:
     return metadata.version(package)
   except metadata.PackageNotFoundError:
     return "not installed"
-
-
-def _auto(precision) -> str:
-  measured = precision.measured()
-  return precision.policy + (f" ({measured})" if measured else "")

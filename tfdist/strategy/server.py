@@ -8,6 +8,7 @@ import time
 from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
 from tfdist.launch.ports import accepts
+from tfdist.strategy.devices import configure_devices
 from tfdist.strategy.factory import ConfigLike, as_config
 
 CHIEF_GONE_SECONDS = 30.0
@@ -32,6 +33,7 @@ def start_server(config: ConfigLike = None):
     raise ConfigError("a server needs a cluster with addresses and a task (TF_CONFIG or "
                       "--task)", key="task", received=None if task is None else str(task),
                       source=config.source)
+  configure_devices(config.devices)  # A worker computes: its GPU memory as the config says.
   # Ops on a worker fail fast to the coordinator, which reschedules them (TensorFlow's PS docs).
   os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
   return tf.distribute.Server(

@@ -119,11 +119,7 @@ def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
     with self.distribute_strategy.scope():
       self._symbolic_build(data_batch=data_batch)
   if summed_deltas:
-    _sum_metric_deltas(self)
-
-
-def _sum_metric_deltas(self):
-  sum_deltas(self.metrics_variables)
+    sum_deltas(self.metrics_variables)  # keras#21054.
 
 
 def counts_replicas_wrong(strategy) -> bool:

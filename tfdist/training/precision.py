@@ -93,6 +93,11 @@ class Precision:
     return (f"{m.half} measured {m.speedup:.2f}x float32 on {m.device}"
             f"{' (cached)' if m.cached else ''}")
 
+  def describe(self) -> str:
+    """The policy with what `auto` measured: "mixed_bfloat16 (bfloat16 measured 1.83x ...)"."""
+    measured = self.measured()
+    return self.policy + (f" ({measured})" if measured else "")
+
 
 def policy_for(mode: str, loss_scaling: bool = True, measure=None) -> Precision:
   """What `mode` means on this machine, measuring (or reading the cached answer) for `auto`.
