@@ -51,3 +51,16 @@ def test_auto_precision_is_measured_on_the_gpu(tmp_path):
   output = launch(tmp_path, TRAINING, str(PROGRAMS / "user_script.py"), str(tmp_path / "out"))
   start = next(line for line in output.splitlines() if "tfdist: default" in line)
   assert re.search(r"bfloat16 measured [\d.]+x float32 on .*\(cc \d+\.\d+\)", start), start
+
+
+def test_a_causal_lm_too_big_for_one_logical_gpu_generates_split_over_two(tmp_path):
+  """24 blocks of width 1024 (335 M parameters, 1.3 GiB of float32 weights) over two logical
+  GPUs of 1100 MiB: neither holds the model, each holds its half; peaks against the plan."""
+  output = launch(tmp_path, "devices: {logical_gpus: 2, gpu_memory: 1100}\n",
+                  str(PROGRAMS / "generate_split.py"), "24", "1024")
+  planned = [float(v) for v in re.search(r"PLAN (\S+) (\S+)", output).groups()]
+  peaks = dict(re.findall(r"PEAK (\S+) (\S+)", output))
+  assert set(peaks) == {"GPU:0", "GPU:1"} and max(planned) < 1100, output[-3000:]
+  for peak in map(float, peaks.values()):
+    assert 0.5 * max(planned) < peak <= 1100, (planned, peaks)
+  assert re.search(r"TOKENS 1024", output), output[-3000:]

@@ -12,7 +12,7 @@ COMMAND_FLAGS = {
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
     "env": ("json",),
-    "plan": ("model", "batch"),
+    "plan": ("model", "batch", "generate", "memory"),
     "model-server": ("name", "host", "port", "max-batch-size", "max-wait-ms", "max-queue",
                      "max-body-bytes"),
     "serve": ("task",),
@@ -63,8 +63,14 @@ def define_flags() -> None:
   flags.DEFINE_bool("json", False, "env: print the facts as one JSON object.")
   flags.DEFINE_string("model", None, "plan: the function building the model, as "
                       "module:function (the module imported from the current directory).")
-  flags.DEFINE_integer("batch", None, "plan: the global batch; default the config's.",
-                       lower_bound=1)
+  flags.DEFINE_integer("batch", None, "plan: the global batch; default the config's (with "
+                       "--generate: the prompts generated at once, default 1).", lower_bound=1)
+  flags.DEFINE_integer("generate", None, "plan: plan generation, not training, of sequences "
+                       "this many tokens long, prompt included (a KerasHub causal LM): weights, "
+                       "key/value cache and working memory per device.", lower_bound=1)
+  flags.DEFINE_string("memory", None, "plan: each device's memory, as 16GiB, 512MiB or bytes "
+                      "(plan for the devices you will run on); default: this machine's (a "
+                      "GPU's memory limit or size, the RAM for CPUs).")
   flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "
                     "127.0.0.1.")
   flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "

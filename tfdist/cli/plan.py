@@ -1,18 +1,22 @@
-"""`tfdist plan CONFIG --model module:fn [--batch B]`: bytes per device (weights, gradients,
-optimizer state, activations) of the model under data parallelism and split over the config's
-devices, whether it fits this machine's devices, and what to use."""
+"""`tfdist plan CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`: bytes
+per device (weights, gradients, optimizer state, activations) of the model under data
+parallelism and split over the config's devices, whether it fits the devices, and what to use.
+With `--generate`, the same for a causal LM generating sequences of LENGTH tokens: weights,
+key/value cache and working memory, on one device and split."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 from absl import flags
 
 from tfdist.errors import ConfigError
 
-USAGE = "tfdist plan CONFIG --model module:function [--batch B]"
+USAGE = ("tfdist plan CONFIG --model module:function [--batch B] [--generate LENGTH] "
+         "[--memory 16GiB]")
 FLAGS = flags.FLAGS
 
 
@@ -28,22 +32,40 @@ def run(args: list[str], task: str | None) -> int:
   from tfdist.parallel import placement, planner
 
   devices = list(config.parallel.devices) or placement.local_devices()
-  batch = FLAGS.batch or batch_sizes(config.training, 1).global_batch_size
+  length = FLAGS.generate
+  batch = FLAGS.batch or (1 if length else batch_sizes(config.training, 1).global_batch_size)
   if batch is None:
     raise ConfigError("is needed: pass --batch or set training.global_batch_size",
                       key="--batch", received=None)
+  capacity = memory_bytes(FLAGS.memory)
   model = model_fn()
   stages = None
   if config.parallel.enabled:
     assignment = placement.assign(model, config.parallel.stages, devices)
     order = placement.stage_devices(assignment)
-    stages = [order.index(assignment[layer.name]) for layer in model.layers]
+    stages = [order.index(device) for device in assignment.values()]
+  names = ", ".join(d.split("device:")[-1] for d in devices)
+  capacity = capacity or planner.device_capacity(devices[0])
+  source = "--memory" if FLAGS.memory else "this machine's"
+  if length:
+    from tfdist.parallel import generation
+    if not generation.is_causal_lm(model):
+      raise ConfigError("plans generation with a causal LM (KerasHub's CausalLM: "
+                        f"call_with_cache over backbone.transformer_layers); {FLAGS.model} "
+                        f"returns a {type(model).__name__}", key="--generate", received=length)
+    plan = planner.plan_generation(model, batch=batch, length=length, devices=len(devices),
+                                   stages=stages)
+    print(f"{type(model).__name__} of {model.count_params():,} parameters generating {batch} "
+          f"sequence(s) of {length} tokens, {len(devices)} device(s): {names}")
+    if capacity:
+      print(f"each device: {planner.readable(capacity)} ({source})")
+    print(planner.render_generation(plan, capacity=capacity))
+    return 0
   plan = planner.plan_memory(model, batch=batch, devices=len(devices), stages=stages)
   print(f"{type(model).__name__} of {model.count_params():,} parameters, global batch {batch}, "
-        f"{len(devices)} device(s): {', '.join(d.split('device:')[-1] for d in devices)}")
-  capacity = planner.device_capacity(devices[0])
+        f"{len(devices)} device(s): {names}")
   if capacity:
-    print(f"each device: {capacity / 2 ** 30:.1f} GiB")
+    print(f"each device: {planner.readable(capacity)} ({source})")
   print(planner.render(plan, capacity=capacity))
   if getattr(model, "optimizer", None) is None:
     print(f"optimizer: not counted: {FLAGS.model} returns a model that is not compiled, so its "
@@ -53,6 +75,25 @@ def run(args: list[str], task: str | None) -> int:
                                 accumulation=config.training.gradient_accumulation_steps))
   print(planner.gpu_advice(model, batch))
   return 0
+
+
+_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mib": 2 ** 20,
+          "g": 2 ** 30, "gib": 2 ** 30, "t": 2 ** 40, "tib": 2 ** 40}
+
+
+def memory_bytes(text: str | None) -> int | None:
+  """Bytes of "16GiB", "512 MiB", "1.5G" or "1048576" (binary units). Pure.
+
+  >>> memory_bytes("512MiB")
+  536870912
+  """
+  if text is None:
+    return None
+  match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+  if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
+    raise ConfigError("must be a size such as 16GiB, 512MiB or a number of bytes",
+                      key="--memory", received=text)
+  return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def _model_fn(spec: str | None):

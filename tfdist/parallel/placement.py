@@ -6,9 +6,15 @@ keras-team/keras#18473). A layer built under `tf.device(D)` has its variables on
 `fit` runs its ops on the default device; so `place` does both: it re-creates each layer's
 variables on its device and runs the layer's `call` under that device.
 
+The units placed are the model's layers with nested functional models opened down to their
+own layers (a KerasHub task model's backbone down to its transformer blocks); a layer that
+appears twice (a tied embedding used again as the head) is one unit, placed where it first
+appears. A subclassed model inside a model stays one unit: its layers' order is not data order.
+
 A placement is one of:
-  - stages: a list per device of layer names or indices, contiguous and in order;
-  - a map {layer name: device}; a layer not named stays with the layer before it;
+  - stages: a list per device of unit names or indices, contiguous and in order (a nested
+    model's name stands for all its units);
+  - a map {unit name: device}; a unit not named stays with the unit before it;
   - "balanced": contiguous stages with parameter counts as even as they can be.
 
 ```python
@@ -42,20 +48,85 @@ def _local(devices) -> list[str]:
           if d.name.startswith(host + "/") or not d.name.startswith("/job:")]
 
 
+def units(model) -> dict[str, Any]:
+  """{name: layer} of the units `model` is placed in, in data order: its layers, each nested
+  functional or Sequential model opened down to its own layers, a layer seen twice kept once.
+  A name two units share is given its model's path ("backbone/token_ids").
+
+  ```python
+  list(units(gpt2_causal_lm))[:3]  # ['padding_mask', 'token_ids', 'token_embedding']
+  ```
+  """
+  found: list[tuple[str, Any]] = []
+  seen: set[int] = set()
+
+  def visit(layers, path: str) -> None:
+    for layer in layers:
+      if id(layer) in seen:
+        continue
+      seen.add(id(layer))
+      if _opens(layer):
+        visit(layer.layers, f"{path}{layer.name}/")
+      else:
+        found.append((f"{path}{layer.name}", layer))
+  visit(model.layers, "")
+  counts: dict[str, int] = {}
+  for path, layer in found:
+    counts[layer.name] = counts.get(layer.name, 0) + 1
+  return {(layer.name if counts[layer.name] == 1 else path): layer for path, layer in found}
+
+
+def nested_models(model) -> dict[str, list[str]]:
+  """{name of a nested model that `units` opens: the names of its units}."""
+  names = {id(layer): name for name, layer in units(model).items()}
+  result: dict[str, list[str]] = {}
+
+  def visit(layers) -> list[str]:
+    inside = []
+    for layer in layers:
+      if _opens(layer):
+        result[layer.name] = visit(layer.layers)
+        inside += result[layer.name]
+      elif id(layer) in names:
+        inside.append(names[id(layer)])
+    return inside
+  visit(model.layers)
+  return result
+
+
+def _opens(layer) -> bool:
+  from keras.src.models.functional import Functional  # Sequential builds one inside.
+  return isinstance(layer, (Functional, keras.Sequential)) and bool(layer.layers)
+
+
 def assign(model, placement: Any, devices: Sequence[str]) -> dict[str, str]:
-  """{layer name: device} for every layer of `model` (`model.layers`, in order).
+  """{unit name: device} for every unit of `model` (`units(model)`, in order).
+
+  Args:
+    model: a built Keras model.
+    placement: "balanced", a list per device of unit names or indices, or {unit name: device}.
+    devices: the devices, in stage order.
+
+  Returns:
+    Each unit's device, in the model's data order.
 
   Raises:
     ConfigError: a device that does not exist, a layer the model lacks, stages out of order.
+
+  ```python
+  assign(model, "balanced", ["/device:GPU:0", "/device:GPU:1"])
+  ```
   """
-  layers = [layer.name for layer in model.layers]
+  placed = units(model)
+  layers = list(placed)
+  nested = nested_models(model)
   devices = [_canonical(d) for d in devices]
   if placement == "balanced":
-    sizes = [sum(int(w.numpy().size) for w in layer.weights) for layer in model.layers]
+    sizes = [sum(int(w.numpy().size) for w in layer.weights) for layer in placed.values()]
     return dict(zip(layers, [devices[s] for s in balanced_stages(sizes, len(devices))]))
   if isinstance(placement, Mapping):
-    named = {_layer_name(k, layers, "parallel.stages"): _canonical(v)
-             for k, v in placement.items()}
+    named = {name: _canonical(v) for k, v in placement.items()
+             for name in _layer_names(k, layers, nested, "parallel.stages")}
     current, result = devices[0], {}
     for name in layers:
       current = named.get(name, current)
@@ -68,7 +139,8 @@ def assign(model, placement: Any, devices: Sequence[str]) -> dict[str, str]:
     stage_of = {}
     for stage, names in enumerate(placement):
       for item in names:
-        stage_of[_layer_name(item, layers, "parallel.stages")] = stage
+        for name in _layer_names(item, layers, nested, "parallel.stages"):
+          stage_of[name] = stage
     order = [stage_of[name] for name in layers if name in stage_of]
     if order != sorted(order):
       raise ConfigError("must list contiguous stages, in the model's layer order",
@@ -120,8 +192,8 @@ def place(model, assignment: Mapping[str, str], recompute: bool = False) -> None
 
   The model must be built (a subclassed model: call it once, or `build` it, in `model_fn`).
   """
-  for layer in model.layers:
-    device = assignment[layer.name]
+  for name, layer in units(model).items():
+    device = assignment[name]
     if getattr(layer, "tfdist_manages_devices", False):  # A tensor-parallel layer.
       continue
     with tf.init_scope(), tf.device(device):
@@ -177,13 +249,17 @@ def _canonical(device: str) -> str:
                     key="parallel.devices", received=device)
 
 
-def _layer_name(item, layers: list[str], key: str) -> str:
+def _layer_names(item, layers: list[str], nested: dict[str, list[str]], key: str) -> list[str]:
+  """The units `item` (a unit's name or index, or a nested model's name) stands for."""
   if isinstance(item, int) and not isinstance(item, bool):
     if not 0 <= item < len(layers):
       raise ConfigError(f"is no layer index of the model (0 to {len(layers) - 1})", key=key,
                         received=item)
-    return layers[item]
-  if item not in layers:
-    raise ConfigError(f"is no layer of the model; its layers are: {', '.join(layers)}", key=key,
-                      received=item)
-  return item
+    return [layers[item]]
+  if item in layers:
+    return [item]
+  if item in nested:
+    return nested[item]
+  models = f"; its nested models: {', '.join(nested)}" if nested else ""
+  raise ConfigError(f"is no layer of the model; its layers are: {', '.join(layers)}{models}",
+                    key=key, received=item)

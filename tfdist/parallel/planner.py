@@ -1,10 +1,14 @@
-"""How much memory each device needs under each way of training a model, and which way fits.
+"""How much memory each device needs under each way of training a model, or generating with a
+causal LM, and which way fits.
 
-Per device, in bytes: weights, gradients (one per trainable weight), optimizer state (the
-optimizer's own slots, counted by building a copy of it on the model's variables), and
+Training, per device, in bytes: weights, gradients (one per trainable weight), optimizer state
+(the optimizer's own slots, counted by building a copy of it on the model's variables), and
 activations kept for the backward pass (each layer's output for the device's batch). Data
 parallelism (mirrored, multi_worker_mirrored) holds everything on every device with the batch
 split; a split holds each stage's share with the whole batch going through.
+
+Generation (`plan_generation`), per device: weights, the key/value cache of its blocks, and
+the working memory of the first pass over the prompts (twice the largest layer output).
 
 ```python
 plan = plan_memory(model, batch=256, devices=2)
@@ -38,17 +42,21 @@ class DeviceMemory:
     return self.weights + self.gradients + self.optimizer + self.activations
 
 
-def layer_bytes(model, batch: int) -> list[dict]:
-  """Per layer of `model`: its name, weight, trainable and activation bytes (its output for
-  `batch` examples in the model's compute dtype)."""
+def layer_bytes(model, batch: int, length: int = 1) -> list[dict]:
+  """Per unit of `model` (`placement.units`: nested models opened): its name, weight,
+  trainable and activation bytes (its output for `batch` examples in the model's compute dtype;
+  a dimension the model leaves open, a sequence's, counts `length`)."""
+  from tfdist.parallel.placement import units
+
   rows = []
-  for layer in model.layers:
+  for name, layer in units(model).items():
     weights = sum(_bytes(w) for w in layer.weights)
     trainable = sum(_bytes(w) for w in layer.trainable_weights)
     outputs = getattr(layer, "output", None) if _has_output(layer) else None
-    width = sum(int(np.prod(o.shape[1:])) for o in _flat(outputs)) if outputs is not None else 0
+    width = 0 if outputs is None else sum(
+        int(np.prod([length if d is None else d for d in o.shape[1:]])) for o in _flat(outputs))
     itemsize = np.dtype(keras.backend.standardize_dtype(layer.compute_dtype)).itemsize
-    rows.append({"name": layer.name, "weights": weights, "trainable": trainable,
+    rows.append({"name": name, "weights": weights, "trainable": trainable,
                  "activations": width * batch * itemsize})
   return rows
 
@@ -106,6 +114,84 @@ def recommend(plan: dict, capacity: int | None) -> str:
          "activations, or bfloat16"
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationMemory:
+  """Bytes one device holds while a causal LM generates. Attributes: weights, cache (the
+  key/value cache of its blocks), activations (the first pass's working memory, estimated)."""
+  weights: int
+  cache: int
+  activations: int
+
+  @property
+  def total(self) -> int:
+    return self.weights + self.cache + self.activations
+
+
+def plan_generation(model, batch: int, length: int, devices: int,
+                    stages: list[int] | None = None) -> dict:
+  """{"unsplit": GenerationMemory on one device, "split": [GenerationMemory per stage]} for a
+  KerasHub causal LM generating `batch` sequences of up to `length` tokens.
+
+  Args:
+    model: a KerasHub causal LM (`generation.is_causal_lm`), not yet split.
+    batch: the prompts generated at once.
+    length: the longest sequence, prompt included (`generate`'s `max_length`).
+    devices: the devices to split over.
+    stages: each unit's stage (default: `balanced_stages` of the weights over `devices`).
+
+  Returns:
+    The plan, with "stages" and "layers" (unit names) as `plan_memory` gives them.
+
+  ```python
+  plan = plan_generation(causal_lm, batch=4, length=256, devices=2)
+  print(render_generation(plan, capacity=16 << 30))
+  ```
+  """
+  from tfdist.parallel import generation, placement
+
+  rows = layer_bytes(model, batch, length)
+  stages = stages or placement.balanced_stages([r["weights"] for r in rows], devices)
+  position = {id(layer): i for i, layer in enumerate(placement.units(model).values())}
+  cache_of = dict(zip([position[id(b)] for b in model.backbone.transformer_layers],
+                      generation.cache_bytes(model, batch, length)))
+
+  def memory(selected: list[int]) -> GenerationMemory:
+    return GenerationMemory(weights=sum(rows[i]["weights"] for i in selected),
+                            cache=sum(cache_of.get(i, 0) for i in selected),
+                            activations=2 * max([rows[i]["activations"] for i in selected],
+                                                default=0))
+  split = [memory([i for i, s in enumerate(stages) if s == k]) for k in range(max(stages) + 1)]
+  return {"unsplit": memory(list(range(len(rows)))), "split": split, "stages": stages,
+          "layers": [r["name"] for r in rows]}
+
+
+def recommend_generation(plan: dict, capacity: int | None) -> str:
+  """Whether generation fits one device of `capacity` bytes, or the split. Pure."""
+  one, split = plan["unsplit"].total, max(m.total for m in plan["split"])
+  if capacity is None:
+    return "device memory unknown: compare the totals with your devices (--memory)"
+  if one <= capacity:
+    return f"fits one device ({readable(one)} of {readable(capacity)}): no split needed"
+  if split <= capacity:
+    return (f"does not fit one device ({readable(one)} > {readable(capacity)}); fits "
+            f"{len(plan['split'])} split (largest stage {readable(split)}): parallel: "
+            "{stages: balanced}, or tfdist.parallel.split(model, \"balanced\")")
+  return (f"does not fit {len(plan['split'])} devices either (largest stage "
+          f"{readable(split)} > {readable(capacity)}): more devices, fewer or shorter "
+          "sequences, or a half-precision dtype")
+
+
+def render_generation(plan: dict, capacity: int | None = None) -> str:
+  """The generation plan as a table, then the recommendation. Pure."""
+  lines = [f"{'':24}{'weights':>12}{'kv cache':>12}{'activations':>13}{'total':>12}"]
+  for name, m in [("one device", plan["unsplit"])] + [
+      (f"split, stage {k}", m) for k, m in enumerate(plan["split"])]:
+    lines.append(f"{name:24}{_mib(m.weights):>12}{_mib(m.cache):>12}{_mib(m.activations):>13}"
+                 f"{_mib(m.total):>12}")
+  lines.append(recommend_generation(plan, capacity))
+  return "\n".join(lines)
+
+
 def render(plan: dict, capacity: int | None = None) -> str:
   """The plan as a table, then the recommendation. Pure."""
   lines = [f"{'':24}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'activations':>13}"
@@ -125,6 +211,11 @@ def _mib(n: int) -> str:
   return f"{n / 2 ** 20:.2f} MiB"
 
 
+def readable(n: int) -> str:
+  """`n` bytes in GiB, or in MiB below one GiB."""
+  return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else _mib(n)
+
+
 def _bytes(variable) -> int:
   return int(np.prod(variable.shape)) * np.dtype(keras.backend.standardize_dtype(
       variable.dtype)).itemsize
@@ -142,16 +233,32 @@ def _flat(outputs):
 
 
 def device_capacity(device: str) -> int | None:
-  """Bytes of `device`: a GPU's from nvidia-smi (TensorFlow reports usage, not size), a CPU's
-  the machine's RAM (logical CPUs share it); None when unknown."""
+  """Bytes of `device`: a logical GPU's memory limit (`devices.gpu_memory`, `logical_gpus`),
+  else its GPU's from nvidia-smi (TensorFlow reports usage, not size); a CPU's the machine's
+  RAM (logical CPUs share it); None when unknown."""
   import os
 
   from tfdist.machine import facts
 
   if "GPU" in device.upper():
-    mib = facts.gpu_memory_mib(device.rsplit(":", 1)[-1])
+    index = int(device.rsplit(":", 1)[-1])
+    limit = _logical_gpu_limits()
+    if index < len(limit) and limit[index] is not None:
+      return limit[index] << 20
+    mib = facts.gpu_memory_mib(str(index))
     return None if mib is None else mib << 20
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _logical_gpu_limits() -> list[int | None]:
+  """Each logical GPU's memory limit in MiB, in TensorFlow's order (None: the whole GPU)."""
+  import tensorflow as tf
+
+  limits: list[int | None] = []
+  for gpu in tf.config.list_physical_devices("GPU"):
+    configs = tf.config.get_logical_device_configuration(gpu)
+    limits += [c.memory_limit for c in configs] if configs else [None]
+  return limits
 
 
 def gpu_advice(model, batch: int, repeats: int = 10) -> str:

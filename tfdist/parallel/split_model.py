@@ -26,7 +26,7 @@ import functools
 from typing import Any, Sequence
 
 from tfdist.errors import ConfigError
-from tfdist.parallel import pipeline, placement
+from tfdist.parallel import generation, pipeline, placement
 
 
 def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = None,
@@ -35,10 +35,14 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
 
   Args:
     model: a built Keras model: Sequential, functional, or subclassed (built by calling it once
-      or `build`; its `layers` are its stages' units, in the order the data runs through).
+      or `build`). Its units are its layers in the order the data runs through, nested
+      functional models opened down to their layers (`placement.units`). A KerasHub causal LM
+      also generates split: each block's key/value cache stays on the block's device
+      (`generation.prepare`).
     stages: "balanced", a list per device of layer names or indices, or {layer name: device}.
     devices: the devices, in stage order; default: this process's GPUs, else its CPUs.
-    microbatches: parts each batch is split into, run as a pipeline.
+    microbatches: parts each batch is split into, run as a pipeline; for `generate`, groups
+      of prompts, each its own sampling loop.
     recompute: keep no activations inside a layer for the backward pass; recompute them from
       the layer's input (less memory, one more forward pass).
     reduce_gradients: a function of (gradients, variables) run before each update
@@ -48,6 +52,14 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
     ConfigError: `jit_compile=True` where Keras's "auto" would not turn it on (XLA cannot
       reach variables on another device; where "auto" turns it on, on a GPU, it is turned off
       with a notice), an unknown device or layer, stages out of order.
+
+  Returns:
+    `model`, split.
+
+  ```python
+  causal_lm = split(causal_lm, "balanced", devices=["/device:GPU:0", "/device:GPU:1"])
+  causal_lm.generate({"token_ids": ids, "padding_mask": mask}, stop_token_ids=None)
+  ```
   """
   if model.jit_compile is True:
     if not model._resolve_auto_jit_compile():  # Asked for: Keras's "auto" is off here.
@@ -75,6 +87,8 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
   model.predict_step = functools.partial(pipeline.predict_step, model,
                                          microbatches=microbatches)
   model.tfdist_placement = assignment
+  if generation.is_causal_lm(model):
+    generation.prepare(model, assignment, microbatches)
   if getattr(model, "optimizer", None) is not None:  # An uncompiled model has none.
     _colocate(model)
   compile = model.compile
@@ -82,6 +96,9 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
   @functools.wraps(compile)
   def compile_colocated(*args, **kwargs):  # A model compiled after its split.
     compile(*args, **kwargs)
+    if kwargs.get("jit_compile") is True:
+      print("tfdist: jit_compile=True turned off: the model is split over devices, and XLA "
+            "compiles for one device and cannot reach another's variables", flush=True)
     model.jit_compile = False
     _colocate(model)
   model.compile = compile_colocated
@@ -101,11 +118,17 @@ def describe(assignment: dict, microbatches: int) -> str:
 
   >>> describe({"a": "/device:CPU:0", "b": "/device:CPU:0", "c": "/device:CPU:1"}, 4)
   'tfdist: model split into 2 stages (a, b on CPU:0 | c on CPU:1), 4 micro-batches'
+  >>> describe({f"l{i}": f"/device:GPU:{i // 5}" for i in range(10)}, 1)
+  'tfdist: model split into 2 stages (l0 ... l4, 5 layers on GPU:0 | l5 ... l9, 5 layers on GPU:1), 1 micro-batch'
   """
   stages = {}
   for layer, device in assignment.items():
     stages.setdefault(device, []).append(layer)
-  parts = " | ".join(f"{', '.join(layers)} on {device.split('device:')[-1]}"
+
+  def names(layers: list) -> str:
+    return (", ".join(layers) if len(layers) <= 3 else
+            f"{layers[0]} ... {layers[-1]}, {len(layers)} layers")
+  parts = " | ".join(f"{names(layers)} on {device.split('device:')[-1]}"
                      for device, layers in stages.items())
   return (f"tfdist: model split into {len(stages)} stage{'s' * (len(stages) != 1)} ({parts}), "
           f"{microbatches} micro-batch{'es' * (microbatches != 1)}")
