@@ -35,17 +35,30 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   script = slurm.sbatch_script(tfdist.load_config(path, environ={}), str(path),
                                ["python", "train.py", "--lr", "0.1 0.2"], job_name="run",
                                nodes=2, port=3000, gpus_per_task=1)
-  directives = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines()
-                    if line.startswith("#SBATCH"))
+  directives = dict(line[len("#SBATCH --"):].partition("=")[::2]
+                    for line in script.splitlines() if line.startswith("#SBATCH"))
   assert directives == {"job-name": "run", "ntasks": "4", "nodes": "2",
-                        "output": "run-%j.out", "gpus-per-task": "1", "cpus-per-task": "1"}
+                        "output": "run-%j.out", "gpus-per-task": "1", "cpus-per-task": "1",
+                        "requeue": "", "open-mode": "append", "signal": "TERM@90"}
   (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
   assert shlex.split(srun) == [
       "srun", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdist", "launch", str(path),
-      "--slurm", "--port", "3000", "--", "python", "train.py", "--lr", "0.1 0.2"]
+      "--slurm", "--port", "3000", "--grace-period", "80", "--", "python", "train.py", "--lr",
+      "0.1 0.2"]
   assert script.endswith('[ -f "tfdist-${SLURM_JOB_ID:-0}.exit" ] && status=$(cat '
                          '"tfdist-${SLURM_JOB_ID:-0}.exit") && rm -f "tfdist-${SLURM_JOB_ID:-0}'
-                         '.exit"\nexit $status\n')
+                         '.exit"\n# 42: every task saved its backup after a notice; the requeued '
+                         'job resumes.\n[ "$status" -eq 42 ] && scontrol requeue '
+                         '"$SLURM_JOB_ID" && exit 0\nexit $status\n')
+
+
+def test_the_sbatch_notice_is_the_configs_preemption_signal(write_config):
+  config = tfdist.load_config(write_config(
+      "cluster: {worker: 2}\ncheckpoint: {preemption_signal: SIGUSR1}\n"), environ={})
+  script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run", notice=120)
+  assert "#SBATCH --signal=USR1@120\n" in script and "--grace-period 110 " in script
+  bare = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run", notice=0)
+  assert "--signal" not in bare and "#SBATCH --requeue\n" in bare
 
 
 def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):

@@ -21,10 +21,20 @@ pytestmark = pytest.mark.usefixtures("two_cpus")  # TensorFlow starts with the s
 
 
 def _start_cluster(config_path, log_dir, env):
+  """Every task of the config's cluster, or the one process of a config without one."""
   log_dir.mkdir()
   cluster = local_cluster(tfdist.load_config(config_path, environ={}).cluster)
-  return [start_task(task, [sys.executable, str(PROGRAMS / "resumable.py")], cluster, log_dir,
-                     config_path=config_path, env={"PYTHONPATH": str(REPO), **env})
+  argv, env = [sys.executable, str(PROGRAMS / "resumable.py")], {"PYTHONPATH": str(REPO), **env}
+  if not cluster.tasks():
+    import subprocess
+    from tfdist.testing.local_cluster import TaskProcess
+    log = log_dir / "local.log"
+    with open(log, "wb") as out:
+      process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 env={**os.environ, **env, "TFDIST_CONFIG": str(config_path)},
+                                 start_new_session=True)
+    return [TaskProcess(None, process, log)]
+  return [start_task(task, argv, cluster, log_dir, config_path=config_path, env=env)
           for task in cluster.tasks()]
 
 
@@ -77,3 +87,43 @@ def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
   names = sorted(os.listdir(checkpoints))
   assert names == [f"epoch-{e:04d}.weights.h5" for e in range(4, 7)] + ["model.keras"], names
   assert [n for n in os.listdir(tmp) if n.startswith("tfdist-")] == []  # Workers' scratch.
+
+
+@pytest.mark.parametrize("strategy", [
+    "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n",
+    "strategy: mirrored\ndevices: {logical_cpus: 2}\n",
+    "strategy: central_storage\ndevices: {logical_cpus: 2}\n"])
+def test_a_sigterm_mid_epoch_saves_every_worker_at_one_step_and_the_restart_resumes_there(
+    tmp_path, uninterrupted_weights, strategy):
+  """SIGTERM to one worker of two (MultiWorkerMirrored), or to a one-process run, in epoch 3:
+  every worker saves its backup after the same step and exits with 42; relaunched, they resume
+  at the next step and end with an uninterrupted run's weights."""
+  import signal
+  checkpoints = tmp_path / "checkpoints"
+  config = tmp_path / "config.yaml"
+  config.write_text(f"{strategy}checkpoint: {{dir: {checkpoints}}}\n")
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  with running(_start_cluster(config, tmp_path / "first",
+                              {"TMPDIR": str(tmp), "PAUSE_AT": "2:3"})) as first:
+    _wait_for(first[0], "PAUSED", 180)
+    first[0].process.send_signal(signal.SIGTERM)
+    wait(first, 60)
+  saved = set()
+  for p in first:
+    assert p.process.returncode == 42, p.output()[-3000:]
+    saved |= set(_lines(p, "tfdist: preempted: backup saved at "))
+  assert len(saved) == 1, saved  # One step, on both workers.
+  step = int(saved.pop().split("step ")[1].split(";")[0])  # Mid-epoch: 8 steps an epoch.
+  assert 3 <= step <= 5, step  # The paused step, and at most the call after it.
+
+  with running(_start_cluster(config, tmp_path / "second", {"TMPDIR": str(tmp)})) as second:
+    wait(second, 180)
+  for p in second:
+    assert p.process.returncode == 0, p.output()[-3000:]
+    assert _lines(p, "EPOCH_BEGIN ")[0] == "2"
+    weights = json.loads(_lines(p, "RESULT ")[0])
+    for got, want in zip(weights, uninterrupted_weights):
+      np.testing.assert_allclose(got, want, atol=1e-5)
+  chief = second[0].output()
+  assert f"tfdist: resuming at epoch 3 of 6, step {step + 1} from" in chief, chief[-3000:]

@@ -36,8 +36,15 @@ def export(write_config, name, kind):
 
 
 def core_documents(documents):
-  """The documents a plain API server validates; a TFJob's pod templates as PodTemplates."""
+  """The documents a plain API server validates; a TFJob's pod templates as PodTemplates, a
+  JobSet's jobs as Jobs."""
   for document in documents:
+    if document["kind"] == "JobSet":
+      for job in document["spec"]["replicatedJobs"]:
+        yield {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": f"run-{job['name']}-0", "namespace": "ml"},
+               "spec": job["template"]["spec"]}
+      continue
     if document["kind"] != "TFJob":
       yield document
       continue
@@ -95,6 +102,58 @@ def test_the_tfjob_has_the_fields_of_training_operator_v1_9(write_config, name):
     assert role in {"Chief", "Worker", "PS", "Evaluator"}
     assert set(replica) == _TFJOB_REPLICA_FIELDS and replica["restartPolicy"] == "OnFailure"
     assert replica["template"]["spec"]["containers"][0]["name"] == "tensorflow"
+
+
+# JobSet v1alpha2's fields (kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go); the
+# manifests were also checked against its CRD's OpenAPI schema, made strict (BUILD_NOTES.md).
+_JOBSET_FIELDS = {
+    "spec": {"replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy",
+             "suspend", "coordinator", "managedBy", "ttlSecondsAfterFinished",
+             "volumeClaimPolicies"},
+    "replicatedJob": {"name", "groupName", "template", "replicas", "dependsOn"},
+    "network": {"enableDNSHostnames", "subdomain", "publishNotReadyAddresses"},
+    "failurePolicy": {"maxRestarts", "restartStrategy", "rules"},
+    "rule": {"name", "action", "onJobFailureReasons", "onJobFailureMessagePatterns",
+             "targetReplicatedJobs"},
+    "successPolicy": {"operator", "targetReplicatedJobs"},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_jobset_has_jobset_v1alpha2_fields_and_restarts_the_set_after_a_preemption(
+    write_config, name):
+  (jobset,) = [d for d in export(write_config, name, "jobset") if d["kind"] == "JobSet"]
+  spec = jobset["spec"]
+  assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+  assert set(spec) <= _JOBSET_FIELDS["spec"]
+  assert set(spec["network"]) <= _JOBSET_FIELDS["network"] and spec["network"][
+      "enableDNSHostnames"] is True
+  assert set(spec["failurePolicy"]) <= _JOBSET_FIELDS["failurePolicy"]
+  (rule,) = spec["failurePolicy"]["rules"]
+  assert set(rule) <= _JOBSET_FIELDS["rule"] and rule["action"] in {
+      "FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
+      "RestartJobAndIgnoreMaxRestarts"}
+  assert rule["onJobFailureReasons"] == ["PodFailurePolicy"]
+  config = tfdist.load_config(write_config(CONFIGS[name]), environ={})
+  roles = {job["name"]: job for job in spec["replicatedJobs"]}
+  assert list(roles) == list(config.cluster.jobs)
+  for role, job in roles.items():
+    assert set(job) <= _JOBSET_FIELDS["replicatedJob"] and job["replicas"] == 1
+    template = job["template"]["spec"]
+    assert template["completions"] == template["parallelism"] == config.cluster.count(role)
+    assert template["completionMode"] == "Indexed" and template["backoffLimit"] == 0
+    exit_codes = template["podFailurePolicy"]["rules"][0]["onExitCodes"]
+    assert exit_codes["values"] == [42] and template["template"]["spec"]["restartPolicy"] == \
+        "Never"
+    argv = template["template"]["spec"]["containers"][0]["command"]
+    assert argv[5:8] == ["--task", f"{role}:$(TFDIST_TASK_INDEX)", "--grace-period"]
+  # Every pod's address is its JobSet DNS hostname.
+  (config_map,) = [d for d in export(write_config, name, "jobset") if d["kind"] == "ConfigMap"]
+  addresses = yaml.safe_load(config_map["data"]["config.yaml"])["cluster"]
+  assert addresses["worker"] == [f"run-worker-0-{i}.run.ml.svc:2222" for i in range(2)], \
+      addresses
+  if name == "ps":
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
 
 
 @pytest.mark.parametrize("kind", kubernetes.KINDS)

@@ -216,7 +216,7 @@ def test_sigint_stops_every_task_within_10_seconds(write_config, tmp_path):
   output = finish(launcher, 30, seen)
   assert time.monotonic() - interrupted_at < 10
   assert launcher.returncode == 130, output[-3000:]
-  assert "SIGINT received: stopping every task" in output
+  assert "SIGINT received: forwarded to every task" in output
   for pid in children:
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)

@@ -81,7 +81,7 @@ def test_sighup_stops_the_cluster_like_sigterm(write_config, tmp_path):
   os.kill(launcher.pid, signal.SIGHUP)  # A closed terminal or ssh session.
   output = finish(launcher, 30, seen)
   assert launcher.returncode == 128 + signal.SIGHUP
-  assert "SIGHUP received: stopping every task" in output
+  assert "SIGHUP received: forwarded to every task" in output
   assert_all_gone(pids, within=2)
 
 

@@ -3,7 +3,11 @@ a checkpoint directory), printing `EPOCH_BEGIN e` / `EPOCH_END e` (0-based, flus
 comes after the backup is written) and finally `RESULT <json weights>`.
 
 With PAUSE_AFTER_EPOCH=k, task worker-1 sleeps after finishing epoch k (1-based) so a test can
-kill it there. With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there."""
+kill it there. With PAUSE_AT=e:s, the first task prints `PAUSED` after step s (1-based) of
+epoch e (0-based) and goes on 5 s later, so a test can send it a preemption notice mid-epoch.
+With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there; with
+STEPS_PER_EXECUTION=n, n steps a call (1 by default); with STEP_LINES=1, the first task prints
+`STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more."""
 
 import json
 import os
@@ -26,7 +30,8 @@ def compile_args():
 
 def train(config, callbacks=()):
   x, y = case.data()
-  config = case.with_training(config, **case.BASE, seed=SEED)
+  per_call = {"steps_per_execution": int(os.environ.get("STEPS_PER_EXECUTION", "1"))}
+  config = case.with_training(config, **{**case.BASE, **per_call}, seed=SEED)
   history = tfdist.fit(case.model_fn, x, y, config=config, compile=compile_args,
                        batch_size=case.GLOBAL_BATCH, epochs=EPOCHS, callbacks=list(callbacks),
                        verbose=0)
@@ -42,9 +47,22 @@ class Progress:
       print(f"EPOCH_END {epoch}", flush=True)
       if task == "worker-1" and epoch + 1 == pause:
         time.sleep(600)
-    return keras.callbacks.LambdaCallback(
-        on_epoch_begin=lambda epoch, logs: print(f"EPOCH_BEGIN {epoch}", flush=True),
-        on_epoch_end=end)
+    paused_at = os.environ.get("PAUSE_AT")
+    position = {"epoch": 0}
+
+    def batch_end(batch, logs):
+      if os.environ.get("STEP_LINES") and task in ("worker-0", "local"):
+        print(f"STEP {position['epoch']} {batch + 1}", flush=True)
+        time.sleep(0.2)  # A call that takes time, as a real model's does.
+      if paused_at == f"{position['epoch']}:{batch + 1}" and task in ("worker-0", "local"):
+        print("PAUSED", flush=True)
+        time.sleep(5)
+
+    def begin(epoch, logs):
+      position["epoch"] = epoch
+      print(f"EPOCH_BEGIN {epoch}", flush=True)
+    return keras.callbacks.LambdaCallback(on_epoch_begin=begin, on_epoch_end=end,
+                                          on_train_batch_end=batch_end)
 
 
 if __name__ == "__main__":
@@ -52,6 +70,7 @@ if __name__ == "__main__":
   config = tfdist.load_config()
   import keras
   csv = [keras.callbacks.CSVLogger(os.environ["CSV_LOG"])] if "CSV_LOG" in os.environ else []
-  model = train(config, [Progress(f"{config.task.type}-{config.task.index}"), *csv])
+  task = f"{config.task.type}-{config.task.index}" if config.task else "local"
+  model = train(config, [Progress(task), *csv])
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),
         flush=True)

@@ -12,8 +12,9 @@ from tfdist.config import load_config
 from tfdist.errors import ConfigError
 
 USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] "
-         "[--cpus-per-task C] -- COMMAND | "
-         "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|statefulset] [--name N] "
+         "[--cpus-per-task C] [--notice S] -- COMMAND | "
+         "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|jobset|statefulset] "
+         "[--name N] [--max-restarts N] "
          "[--namespace NS] [--port P] [--volume-claim PVC] -- COMMAND | "
          "tfdist export serving MODEL OUT_DIR [--max-batch-size N] [--max-wait-ms MS]")
 ENGINES = ("slurm", "kubernetes", "serving")
@@ -37,12 +38,14 @@ def run(args: list[str], task: str | None) -> int:
     print(slurm.sbatch_script(config, config_path, command, job_name=name,
                               nodes=FLAGS.nodes, port=FLAGS.port,
                               gpus_per_task=FLAGS["gpus-per-task"].value,
-                              cpus_per_task=FLAGS["cpus-per-task"].value), end="")
+                              cpus_per_task=FLAGS["cpus-per-task"].value,
+                              notice=FLAGS.notice), end="")
   else:
     print(kubernetes.dump(kubernetes.manifests(
         config, command, name=name, image=FLAGS.image, namespace=FLAGS.namespace,
         port=FLAGS.port or kubernetes.DEFAULT_PORT, kind=FLAGS.kind,
-        volume_claim=FLAGS["volume-claim"].value)), end="")
+        volume_claim=FLAGS["volume-claim"].value,
+        max_restarts=FLAGS["max-restarts"].value)), end="")
   return 0
 
 

@@ -16,8 +16,9 @@ COMMAND_FLAGS = {
     "model-server": ("name", "host", "port", "max-batch-size", "max-wait-ms", "max-queue",
                      "max-body-bytes"),
     "serve": ("task",),
-    "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "image", "kind", "name",
-               "namespace", "volume-claim", "max-batch-size", "max-wait-ms"),
+    "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "notice", "image", "kind",
+               "name", "namespace", "volume-claim", "max-restarts", "max-batch-size",
+               "max-wait-ms"),
 }
 """The flags each command reads, in the order its help lists them."""
 
@@ -43,7 +44,12 @@ def define_flags() -> None:
       "config file's task and TF_CONFIG's.")
   flags.DEFINE_bool("dry-run", False, "launch: print the plan of processes; start nothing.")
   flags.DEFINE_integer("max-restarts", 0, "launch: restarts allowed after a failure (of the "
-                       "whole synchronous cluster, or of a failed parameter-server worker).",
+                       "whole synchronous cluster, or of a failed parameter-server worker); "
+                       "export kubernetes --kind jobset: the JobSet's failurePolicy.maxRestarts "
+                       "(a preemption's restart is not counted).", lower_bound=0)
+  flags.DEFINE_integer("notice", 90, "export slurm: seconds before the time limit at which "
+                       "Slurm sends the tasks checkpoint.preemption_signal (--signal): they "
+                       "save their backups, the job requeues itself and resumes (0: none).",
                        lower_bound=0)
   flags.DEFINE_float("startup-timeout", 120, "launch: seconds for every task's server to come "
                      "up before the launch fails naming the missing tasks.", lower_bound=1)
@@ -91,9 +97,10 @@ def define_flags() -> None:
                        lower_bound=0)
   flags.DEFINE_string("image", None, "export kubernetes: the container image holding tfdist "
                       "and the training script.")
-  flags.DEFINE_enum("kind", "tfjob", ["tfjob", "statefulset"], "export kubernetes: a Kubeflow "
-                    "TFJob (the training operator sets TF_CONFIG) or plain StatefulSets and "
-                    "headless Services.")
+  flags.DEFINE_enum("kind", "tfjob", ["tfjob", "jobset", "statefulset"], "export kubernetes: "
+                    "a Kubeflow TFJob (training operator v1 sets TF_CONFIG), a JobSet "
+                    "(jobset.x-k8s.io: restarts the whole set after a failure or preemption), "
+                    "or plain StatefulSets and headless Services.")
   flags.DEFINE_string("name", None, "export: the job's name; default the config file's name. "
                       "model-server: the model's name in its URLs (required).")
   flags.DEFINE_string("host", "127.0.0.1", "model-server: the address to listen on.")

@@ -283,9 +283,13 @@ class CheckpointConfig:
   Attributes:
     dir: the checkpoint directory; None writes no checkpoints and cannot resume.
     max_to_keep: how many checkpoints to keep.
+    preemption_signal: the signal that, like SIGTERM, asks `tfdist.fit` to save each task's
+      backup at the same step and exit with 42 ("restart me"): SIGUSR1 for Slurm's `--signal`
+      before a time limit (`tfdist export slurm` asks Slurm for it).
   """
   dir: str | None = None
   max_to_keep: int = _field(3, _POSITIVE)
+  preemption_signal: Literal["SIGTERM", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
 
 
 @dataclasses.dataclass(frozen=True)

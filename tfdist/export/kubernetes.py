@@ -1,12 +1,19 @@
-"""Kubernetes: the manifests of a config, as a Kubeflow TFJob or as plain StatefulSets.
+"""Kubernetes: the manifests of a config, as a Kubeflow TFJob, a JobSet or plain StatefulSets.
 
-Both mount the config from a ConfigMap at `CONFIG_PATH` and give each replica its TF_CONFIG:
+Each mounts the config from a ConfigMap at `CONFIG_PATH` and gives each replica its TF_CONFIG:
 - `tfjob`: the training operator sets TF_CONFIG itself (addresses
   `<job>-<type>-<index>.<namespace>.svc:<port>`); the config holds counts and tfdist reads the
   addresses from TF_CONFIG, as under `tfdist launch`.
 - `statefulset`: one headless Service and one StatefulSet per job; the ConfigMap's config
   lists every pod's DNS name, and each pod runs `tfdist launch --task TYPE:$(TFDIST_TASK_INDEX)`,
   the index coming from the pod's `apps.kubernetes.io/pod-index` label (Kubernetes >= 1.28).
+- `jobset`: one JobSet (jobset.x-k8s.io/v1alpha2, the API Kubeflow Trainer v2 builds on) with a
+  replicated job per role, an Indexed Job of the role's count; the config lists each pod's DNS
+  hostname (`<name>-<role>-0-<index>.<name>`), each pod runs `tfdist launch --task
+  TYPE:$(TFDIST_TASK_INDEX)` with the Job's completion index. A task that saved its backup
+  after a preemption notice (exit 42) or an evicted pod fails its Job (podFailurePolicy), and
+  the whole set restarts without counting it; any other failure restarts the set up to
+  `max_restarts` times.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import yaml
 from tfdist.config.loader import CONFIG_ENV, config_to_dict
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
+from tfdist.exit_codes import PREEMPTED
 from tfdist.launch.plan import require_command, runs_server
 
-KINDS = ("tfjob", "statefulset")
+KINDS = ("tfjob", "jobset", "statefulset")
 CONFIG_DIR = "/etc/tfdist"
 CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
 INDEX_ENV = "TFDIST_TASK_INDEX"
@@ -45,7 +53,7 @@ def job_name(text: str) -> str:
 
 def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
               namespace: str = "default", port: int = DEFAULT_PORT, kind: str = "tfjob",
-              volume_claim: str | None = None) -> list[dict]:
+              volume_claim: str | None = None, max_restarts: int = 0) -> list[dict]:
   """The documents to `kubectl apply` for `config`'s cluster.
 
   Args:
@@ -57,9 +65,19 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
     image: the container image holding tfdist and the training script.
     namespace: the namespace the documents go to (it is part of every address).
     port: every task's server port.
-    kind: `tfjob` or `statefulset`.
+    kind: `tfjob`, `jobset` or `statefulset`.
     volume_claim: a ReadWriteMany PersistentVolumeClaim mounted where the config's checkpoint
       and TensorBoard directories are; required when the config has either.
+    max_restarts: `jobset`: restarts of the whole set after failures (preemptions and
+      evictions are not counted).
+
+  Returns:
+    The documents, in the order to apply them.
+
+  ```python
+  print(dump(manifests(config, ["python", "train.py"], name="mnist", image="me/train:1",
+                       kind="jobset", volume_claim="shared")))
+  ```
 
   Raises:
     ConfigError: an empty cluster, no command, no image, a bad name, namespace or kind, a
@@ -86,6 +104,9 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
                       "TF_CONFIG: use --kind statefulset, or more tasks", key="cluster",
                       received=config.cluster.counts(), source=config.source)
   storage = storage_mount(config, volume_claim)
+  if kind == "jobset":
+    return _jobset(config, list(command), name=name, image=image, namespace=namespace,
+                   port=port, storage=storage, max_restarts=max_restarts)
   build = _tfjob if kind == "tfjob" else _statefulsets
   return build(config, list(command), name=name, image=image, namespace=namespace, port=port,
                storage=storage)
@@ -216,4 +237,55 @@ def _statefulsets(config, command, *, name, image, namespace, port, storage) -> 
                  "selector": {"matchLabels": _labels(name, job)},
                  "template": {"metadata": {"labels": _labels(name, job)},
                               "spec": _pod_spec(container, name, storage)}}})
+  return documents
+
+
+GRACE_SECONDS = 30
+"""The pods' termination grace period; the launcher in each gives its task 5 s less to save."""
+
+
+def _jobset(config, command, *, name, image, namespace, port, storage,
+            max_restarts) -> list[dict]:
+  cluster = config.cluster
+  addresses = {job: tuple(f"{name}-{job}-0-{i}.{name}.{namespace}.svc:{port}"
+                          for i in range(cluster.count(job))) for job in cluster.jobs}
+  documents = [_config_map(dataclasses.replace(
+      config, cluster=dataclasses.replace(cluster, addresses=addresses)), name, namespace)]
+  replicated = []
+  for job in cluster.jobs:
+    argv = ["python", "-m", "tfdist", "launch", CONFIG_PATH, "--task", f"{job}:$({INDEX_ENV})",
+            "--grace-period", str(GRACE_SECONDS - 5), "--", *command]
+    container = {
+        "name": "tfdist", "image": image, "command": argv,
+        "env": [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}],
+        "ports": [{"name": "grpc", "containerPort": port}]}
+    pod = {**_pod_spec(container, name, storage), "restartPolicy": "Never",
+           "terminationGracePeriodSeconds": GRACE_SECONDS}
+    count = cluster.count(job)
+    replicated.append({"name": job, "replicas": 1, "template": {"spec": {
+        "completionMode": "Indexed", "completions": count, "parallelism": count,
+        "backoffLimit": 0,
+        # A preempted task (saved, exit 42) or an evicted pod fails the Job with reason
+        # PodFailurePolicy: the set restarts without counting it against maxRestarts.
+        "podFailurePolicy": {"rules": [
+            # onPodConditions: [] -- Kubernetes 1.28's schema requires the field.
+            {"action": "FailJob", "onExitCodes": {"containerName": "tfdist", "operator": "In",
+                                                  "values": [PREEMPTED]},
+             "onPodConditions": []},
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget",
+                                                        "status": "True"}]}]},
+        "template": {"metadata": {"labels": _labels(name, job)}, "spec": pod}}}})
+  servers = [job for job in cluster.jobs if runs_server(config, job)]
+  trainers = [job for job in cluster.jobs if job not in servers and job != "evaluator"]
+  spec = {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+          "failurePolicy": {"maxRestarts": max_restarts, "rules": [
+              {"name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",
+               "onJobFailureReasons": ["PodFailurePolicy"]}]},
+          "replicatedJobs": replicated}
+  if servers:  # Servers never end: the set succeeds when its trainers do.
+    spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": trainers}
+  documents.append({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                    "metadata": {"name": name, "namespace": namespace, "labels": _labels(name)},
+                    "spec": spec})
   return documents

@@ -22,6 +22,7 @@ import sys
 from typing import Mapping, Sequence
 
 from tfdist.config.schema import Config, TaskConfig
+from tfdist.exit_codes import PREEMPTED
 from tfdist.errors import ConfigError
 from tfdist.launch.plan import require_command
 
@@ -31,7 +32,8 @@ _STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_
 
 def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, job_name: str,
                   nodes: int | None = None, port: int | None = None, gpus_per_task: int = 0,
-                  cpus_per_task: int = 1, python: str = sys.executable) -> str:
+                  cpus_per_task: int = 1, notice: int = 90,
+                  python: str = sys.executable) -> str:
   """The sbatch script that runs every task of `config` as one srun task.
 
   Args:
@@ -43,6 +45,10 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
     port: the first port of the tasks on each node; None gives each job its own.
     gpus_per_task: GPUs Slurm binds to each task (0: none requested).
     cpus_per_task: CPUs Slurm gives each task (sites binding tasks to CPUs give one otherwise).
+    notice: seconds before the time limit at which Slurm sends the tasks the config's
+      `checkpoint.preemption_signal` (`--signal`): they save their backups and exit with 42,
+      and the script requeues the job, which resumes there (0: no notice). The job is
+      requeueable (`--requeue`), so a preemption that requeues it resumes too.
     python: the interpreter the tasks run tfdist with.
 
   Raises:
@@ -69,10 +75,17 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   if gpus_per_task:
     lines.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
   lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+  lines.append("#SBATCH --requeue")
+  lines.append("#SBATCH --open-mode=append")  # A requeued run adds to the output file.
+  if notice:
+    lines.append(f"#SBATCH --signal={config.checkpoint.preemption_signal[3:]}@{notice}")
   exit_file = EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")
   # The interpreter that exported the script: a bare `python` may lack tfdist on a node's PATH.
+  # The launcher gives a task most of the notice to save its backup before killing it.
+  grace = max(notice - 10, 5) if notice else 5
   launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--slurm",
-            *(["--port", str(port)] if port else []), "--", *command]
+            *(["--port", str(port)] if port else []), "--grace-period", str(grace), "--",
+            *command]
   lines += [
       "set -uo pipefail",
       "# Each task takes its role and its peers' addresses from Slurm's environment.",
@@ -80,6 +93,8 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
       "status=$?",
       "# The root cause's exit code, not that of a peer srun stopped after it.",
       f'[ -f "{exit_file}" ] && status=$(cat "{exit_file}") && rm -f "{exit_file}"',
+      f"# {PREEMPTED}: every task saved its backup after a notice; the requeued job resumes.",
+      f'[ "$status" -eq {PREEMPTED} ] && scontrol requeue "$SLURM_JOB_ID" && exit 0',
       "exit $status",
   ]
   return "\n".join(lines) + "\n"

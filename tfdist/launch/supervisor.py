@@ -22,6 +22,7 @@ from typing import Callable, Sequence, TextIO
 from tfdist.launch import liveness
 from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
+from tfdist.exit_codes import PREEMPTED
 from tfdist.launch.ports import accepts
 
 # Exit codes of `tfdist launch`.
@@ -33,6 +34,9 @@ STARTUP_TIMEOUT = 3
 _TAIL_LINES = 20
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What stops a launch (and `tfdist tensorboard`): Ctrl-C, a kill, a closed terminal."""
+NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""Forwarded to every task, the launch going on: Slurm's `--signal` before a time limit asks
+the tasks to save and exit (`checkpoint.preemption_signal`)."""
 _FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier root cause.
 _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
@@ -86,6 +90,7 @@ class Supervisor:
     self.on_say = on_say
     self._lock = threading.Lock()
     self._stop_signal: int | None = None
+    self._notices: list[int] = []  # Signals to forward to every task, the launch going on.
     self._running: list[Running] = []
     self._noise: collections.Counter = collections.Counter()
     self._runs_chief = False
@@ -137,11 +142,12 @@ class Supervisor:
     self.say(f"{p.name} started (pid {process.pid})")
     return Running(p, process, pump)
 
-  def _stop(self, running: Sequence[Running]) -> None:
-    """SIGTERM to each process group, SIGKILL to what is left after the grace period."""
+  def _stop(self, running: Sequence[Running], signum: int = signal.SIGTERM) -> None:
+    """`signum` (SIGTERM) to each process group, SIGKILL to what is left after the grace
+    period: a preempted task saves its backup in it."""
     alive = [r for r in running if r.process.poll() is None]
     for r in alive:
-      _signal_group(r.process, signal.SIGTERM)
+      _signal_group(r.process, signum)
     deadline = time.monotonic() + self.grace_period
     for r in alive:
       with contextlib.suppress(subprocess.TimeoutExpired):
@@ -154,7 +160,7 @@ class Supervisor:
   # -- the loop -------------------------------------------------------------------------------
 
   def run(self) -> Outcome:
-    previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS + NOTICE_SIGNALS}
     try:
       while True:
         plan = self.make_plan()
@@ -173,7 +179,10 @@ class Supervisor:
 
   def _on_signal(self, signum, frame) -> None:
     del frame
-    self._stop_signal = signum
+    if signum in NOTICE_SIGNALS:
+      self._notices.append(signum)
+    else:
+      self._stop_signal = signum
 
   def _watch(self, plan: LaunchPlan) -> Outcome | None:
     """Watches until the job ends (an Outcome) or the whole cluster must restart (None)."""
@@ -182,9 +191,20 @@ class Supervisor:
     rejoining: dict[str, str] = {}
     noise_said = 0
     while True:
+      while self._notices:
+        signum = self._notices.pop(0)
+        self.say(f"{signal.Signals(signum).name} received: forwarded to every task")
+        for r in self._running:
+          if r.process.poll() is None:
+            _signal_group(r.process, signum)
       if self._stop_signal is not None:
         name = signal.Signals(self._stop_signal).name
-        self.say(f"{name} received: stopping every task")
+        self.say(f"{name} received: forwarded to every task, which may save its backup; "
+                 f"SIGKILL after {self.grace_period:g} s (--grace-period)")
+        self._stop(self._running, self._stop_signal)
+        if all(r.process.poll() == PREEMPTED for r in self._running if not r.plan.serves):
+          self.say(f"every task saved its backup: exiting with {PREEMPTED} (restart to resume)")
+          return Outcome(PREEMPTED, f"preempted by {name}; backups saved")
         return Outcome(128 + self._stop_signal, f"stopped by {name}")
       now = time.monotonic()
       waiting = {n: a for n, a in waiting.items() if not accepts(a)}
@@ -210,6 +230,16 @@ class Supervisor:
       failed = next((r for r in workers if r.process.poll() not in (None, 0)), None)
       failed = failed or next((r for r in self._running if r.plan.serves and
                                r.process.poll() not in (None, 0)), None)
+      if failed is not None and failed.process.poll() == PREEMPTED and frozen is None:
+        self.say(f"{failed.plan.name} saved its backup after a preemption notice (exit code "
+                 f"{PREEMPTED}); waiting up to {self.grace_period:g} s for the others")
+        self._stop(self._running)
+        if self.restarts_left <= 0:
+          return Outcome(PREEMPTED, f"{failed.plan.name} preempted; backups saved")
+        self.restarts_left -= 1
+        self.say(f"restarting the whole cluster ({self.restarts_left} restart(s) left after "
+                 "this); training resumes from the step its backup holds")
+        return None
       if failed is not None or frozen is not None:
         cause = self._frozen(_FROZEN_AFTER) or failed or frozen
         self._report_root_cause(cause, consequence=failed if failed is not cause else None)

@@ -4,7 +4,8 @@ and the final model written by the chief alone.
 Layout of `checkpoint.dir`:
 
   backup/<task>-<index>/   Keras BackupAndRestore state of each task (weights, optimizer,
-                           epoch); removed when training finishes.
+                           epoch, and the step within it after a preemption); removed when
+                           training finishes.
   epoch-0003.weights.h5    the chief's checkpoints, the newest `max_to_keep` kept.
   model.keras              the chief's final model.
 
@@ -86,12 +87,19 @@ class Backup(keras.callbacks.BackupAndRestore):
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
 
-  def saved_epoch(self) -> int:
-    """The epoch training resumes at (0 when there is no backup)."""
+  def saved_position(self) -> tuple[int, int]:
+    """The epoch and the steps done in it that training resumes at ((0, 0): no backup); the
+    steps are 0 unless a preemption saved the backup within an epoch."""
     for name in ("training_metadata.json", "training_metadata.json.bkp"):
       with contextlib.suppress(OSError, ValueError, KeyError):
-        return int(json.loads(pathlib.Path(self.directory, name).read_text())["epoch"])
-    return 0
+        saved = json.loads(pathlib.Path(self.directory, name).read_text())
+        return int(saved["epoch"]), int(saved.get("batch") or 0)
+    return 0, 0
+
+  def save_position(self, epoch: int, step: int) -> None:
+    """Saves the backup `step` steps into `epoch` (a preemption's save, between two calls)."""
+    self._current_epoch, self._last_batch_seen = epoch, step
+    self._save_model()
 
   def on_train_end(self, logs=None):
     super().on_train_end(logs)

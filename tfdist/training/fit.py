@@ -87,7 +87,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
                                 config=config, epochs=epochs)
   files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
-  first_epoch = files[0].saved_epoch() if files else 0
+  first_epoch, first_step = files[0].saved_position() if files else (0, 0)
   steps_per_epoch = steps_per_epoch or training.steps_per_epoch
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   if shuffle and global_batch and data.is_arrays(train_data):
@@ -103,6 +103,12 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     report.say(step_times.DETERMINISM_NOTICE)
   if clock:
     clock.time_all_reduce(optimizer)
+  if files:
+    from tfdist.training import preemption
+    multi_worker = config.strategy.name == "multi_worker_mirrored" and bool(config.cluster.jobs)
+    files.append(preemption.Preemption(
+        files[0], strategy=strategy if multi_worker else None, first_step=first_step,
+        signals=preemption.signals_of(config.checkpoint.preemption_signal), say=report.say))
   train = None if asynchronous else data.make_dataset(
       train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
       seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
@@ -125,8 +131,9 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
         strategy_name=config.strategy.name, replicas=replicas,
         global_batch=global_batch, precision=chosen, steps_per_execution=model.steps_per_execution,
         fused=fused, accumulation=training.gradient_accumulation_steps))
-    if first_epoch:
-      report.say(report.resume_line(first_epoch, epochs, files[0].directory))
+    if first_epoch or first_step:
+      report.say(report.resume_line(first_epoch, epochs, files[0].directory,
+                                    first_step if epoch_steps and not asynchronous else 0))
     if epoch_steps:  # Keras counts every batch as an optimizer step, accumulating or not.
       report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
                                          updates=epoch_steps * epochs,
@@ -151,15 +158,46 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       if own_step:
         _one_device_arithmetic(model, optimizer, global_batch or data.batched_by(train_data),
                                config)
-      with keras_fixes.fixed_for(model, strategy, steps_per_epoch, clock, epoch_steps), \
-          data.empty_batches_explained("train_data"), \
-          replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
-        history = model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                            validation_data=validation, callbacks=files + callbacks,
-                            shuffle=False, **fit_kwargs)
+      parts = _parts(train, epochs, steps_per_epoch, first_epoch, first_step, epoch_steps)
+      per_call, history = model.steps_per_execution, None
+      for stream, start, end, steps in parts:
+        if len(parts) > 1:  # Each its own steps per epoch: a train function of its own.
+          model.steps_per_execution, model.train_function = min(per_call, steps), None
+          files[0].delete_checkpoint = end == epochs  # The backup is kept between the two.
+        with keras_fixes.fixed_for(model, strategy, steps, clock, epoch_steps), \
+            data.empty_batches_explained("train_data"), \
+            replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
+          part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
+                           validation_data=validation, callbacks=files + callbacks,
+                           shuffle=False, **fit_kwargs)
+        if files:
+          files[-1].first_step = 0  # Preemption: later epochs count their steps from 0.
+        history = _joined(history, part)
   if config.checkpoint.dir:
     checkpoints.save_final_model(model, config)
   user_files.save_on_chief_only(model, config)
+  return history
+
+
+def _parts(train, epochs: int, steps_per_epoch, first_epoch: int, first_step: int,
+           epoch_steps: int | None) -> list[tuple]:
+  """(stream, first epoch, end epoch, steps per epoch) of each Keras fit: one; or, resumed
+  `first_step` steps into epoch `first_epoch` (a preemption), the rest of that epoch, then the
+  epochs after it, each over the stream from where it stands (`train` starts at the epoch)."""
+  if not (first_step and epoch_steps and first_step < epoch_steps):
+    return [(train, first_epoch, epochs, steps_per_epoch)]
+  rest = [(train.skip(epoch_steps), first_epoch + 1, epochs, epoch_steps)]
+  return [(train.skip(first_step), first_epoch, first_epoch + 1, epoch_steps - first_step)] + (
+      rest if first_epoch + 1 < epochs else [])
+
+
+def _joined(history, part):
+  """`part`'s History appended to `history`'s (None: `part` alone)."""
+  if history is None:
+    return part
+  history.epoch += part.epoch
+  for key, values in part.history.items():
+    history.history.setdefault(key, []).extend(values)
   return history
 
 

@@ -47,8 +47,9 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
   return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
 
 
-def resume_line(epoch: int, epochs: int, directory: str) -> str:
-  return (f"tfdist: resuming at epoch {epoch + 1} of {epochs} from {directory} "
+def resume_line(epoch: int, epochs: int, directory: str, step: int = 0) -> str:
+  at = f"epoch {epoch + 1} of {epochs}" + (f", step {step + 1}" if step else "")
+  return (f"tfdist: resuming at {at} from {directory} "
           "(`tfdist launch --fresh`, or TFDIST_FRESH=1, starts over)")
 
 

@@ -1,0 +1,109 @@
+"""Preemption: a termination notice during `tfdist.fit` makes every worker save its backup at
+the same step and exit with `PREEMPTED`, so the restarted job resumes at that step.
+
+Clusters take machines back after a notice and a grace period: Kubernetes and Slurm send
+SIGTERM, Slurm's `--signal` another signal before a time limit (`checkpoint.preemption_signal`).
+A task that gets one finishes the call it is in (`training.steps_per_execution` steps at most)
+and, with its peers, saves its backup (weights, optimizer, epoch and step within it) and
+exits. MultiWorkerMirrored workers run each call in lockstep (every step has collectives), so
+they agree on the call to stop after with one all-reduce of "noticed" after every call (a
+read of the coordination service's key-value store cannot tell "absent" from "slow": a worker
+went on alone and its peer's collectives failed). TensorFlow's `PreemptionCheckpointHandler`
+does the same job with its own checkpoint manager and step counter; this one keeps Keras's
+`fit` and tfdist's backup, which already resumes every strategy.
+
+```python
+callbacks = [backup, Preemption(backup, strategy=strategy, signals=[signal.SIGTERM])]
+```
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import keras
+
+from tfdist.exit_codes import PREEMPTED
+
+class Preemption(keras.callbacks.Callback):
+  """Saves `backup` at the same step on every worker after a termination notice, then exits.
+
+  Args:
+    backup: tfdist's `checkpoints.Backup` of this task.
+    strategy: the MultiWorkerMirrored strategy whose workers must agree; None for one process.
+    signals: the signals taken as a notice.
+    first_step: steps of the first epoch done before this fit (a resumed partial epoch).
+    say: prints a line (the chief's start line's printer).
+  """
+
+  def __init__(self, backup, *, strategy=None, signals, first_step: int = 0, say=print):
+    super().__init__()
+    self.backup, self.signals = backup, tuple(signals)
+    self.first_step, self.say = first_step, say
+    self.noticed = threading.Event()
+    self._agree = agreement(strategy) if strategy is not None else None
+    self._previous: dict = {}
+    self._epoch = 0
+    self._first_epoch: int | None = None
+
+  def on_train_begin(self, logs=None):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._on_signal) for s in self.signals}
+
+  def on_train_end(self, logs=None):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+
+  def _on_signal(self, signum, frame) -> None:
+    del frame
+    if not self.noticed.is_set():
+      self.noticed.set()
+      print(f"tfdist: {signal.Signals(signum).name} received: saving the backup after this "
+            "call's steps", flush=True)
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._first_epoch = epoch if self._first_epoch is None else self._first_epoch
+    self._epoch = epoch
+
+  def on_train_batch_end(self, batch, logs=None):
+    if not self._stop_now():
+      return
+    offset = self.first_step if self._epoch == self._first_epoch else 0
+    epoch, step = self._epoch, batch + 1 + offset
+    if self.params.get("steps") and step >= self.params["steps"] + offset:
+      epoch, step = epoch + 1, 0  # The epoch's last call: resume at the next epoch.
+    self.backup.save_position(epoch, step)
+    where = f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}"
+    self.say(f"tfdist: preempted: backup saved at {where}; exiting with {PREEMPTED} (restart "
+             "to resume there)")
+    sys.stdout.flush()
+    raise SystemExit(PREEMPTED)
+
+  def _stop_now(self) -> bool:
+    noticed = self.noticed.is_set()
+    if self._agree is None:
+      return noticed
+    # Every worker asks at the end of every call; the first call after any notice stops all.
+    return bool(self._agree(float(noticed)) > 0)
+
+
+def agreement(strategy):
+  """A function of this worker's notice (0 or 1) returning the sum over the cluster's
+  replicas: MultiWorkerMirrored's workers run each call in lockstep, so they all ask after the
+  same call and all get the same answer. One compiled all-reduce of one number a call."""
+  import tensorflow as tf
+
+  @tf.function
+  def agree(noticed):
+    return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                           strategy.run(lambda: tf.identity(noticed)), axis=None)
+  return lambda noticed: agree(tf.constant(noticed, tf.float32)).numpy()
+
+
+def signals_of(name: str) -> list:
+  """SIGTERM and the config's `checkpoint.preemption_signal` (a name such as "SIGUSR1")."""
+  extra = getattr(signal, name)
+  return [signal.SIGTERM] + ([extra] if extra != signal.SIGTERM else [])
