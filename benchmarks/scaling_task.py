@@ -1,5 +1,5 @@
 """One task of the scaling benchmark, pinned to the core of its index (before TensorFlow starts
-its threads). Modes:
+its threads; BENCH_ALL_CORES=1: not pinned). Modes:
 
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
              `EXAMPLES_PER_SECOND x` and `STEP_SECONDS x`
@@ -16,7 +16,8 @@ import sys
 import time
 
 INDEX = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
-os.sched_setaffinity(0, {INDEX % os.cpu_count()})
+if os.environ.get("BENCH_ALL_CORES") != "1":  # Else one worker with every core of the host.
+  os.sched_setaffinity(0, {INDEX % os.cpu_count()})
 
 import tfdist  # noqa: E402  (after pinning: TensorFlow's threads inherit the affinity)
 from benchmarks import common  # noqa: E402

@@ -233,3 +233,16 @@ def test_readme_main_job_trains_the_example_on_a_local_two_worker_cluster(tmp_pa
                      r"2 replicas\)", result.stdout)
   logged = re.findall(r"test loss [\d.]+ accuracy ([\d.]+)", (tmp_path / "worker-1.log").read_text())
   assert len(shown) == len(logged) == 1 and float(shown[0]) == float(logged[0]) > 0.85
+
+
+def test_a_launch_of_several_cpu_workers_on_one_host_advises_one_worker_with_every_core(
+    write_config):
+  from tfdist.launch.plan import plan_launch
+  config = tfdist.load_config(write_config("cluster: {worker: 2}\n"
+                                           "strategy: multi_worker_mirrored\n"), environ={})
+  plan = plan_launch(config, "c.yaml", ["python", "t.py"], log_dir="logs", ports=[1, 2])
+  assert plan.describe().splitlines()[-1].startswith(
+      "advice: 2 workers share this host's CPU cores; on CPUs one worker per host")
+  with_gpus = plan_launch(config, "c.yaml", ["python", "t.py"], log_dir="logs", ports=[1, 2],
+                          gpus=["0", "1"])
+  assert with_gpus.advice == ()

@@ -59,10 +59,12 @@ class LaunchPlan:
       (parameter-server training restarts a failed worker alone).
     peers: (name, host:port) of every task of the cluster that serves, this host's and the
       others': the start-up deadline waits for each of them.
+    advice: lines the launcher says before it starts (a better layout for this host).
   """
   processes: tuple[ProcessPlan, ...]
   restart_scope: str
   peers: tuple[tuple[str, str], ...] = ()
+  advice: tuple[str, ...] = ()
 
   def describe(self) -> str:
     """The plan as the block the launcher logs and `--dry-run` prints."""
@@ -72,7 +74,7 @@ class LaunchPlan:
       lines.append(f"  {p.name:<12} {p.address or '(no server)':<22} log {p.log}")
       lines.append(f"  {'':<12} $ {' '.join(p.argv)}")
       lines += [f"  {'':<12}   {key}={value}" for key, value in p.env]
-    return "\n".join(lines)
+    return "\n".join(lines + list(self.advice))
 
 
 def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
@@ -133,7 +135,20 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   asynchronous = config.strategy.name == "parameter_server"
   peers = tuple((t.name, cluster.addresses[t.type][t.index])
                 for t in cluster.tasks() if t.type != "evaluator")
-  return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers)
+  return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers,
+                    host_advice(config, [p for p in processes if not p.serves], gpus))
+
+
+def host_advice(config: Config, trainers: Sequence[ProcessPlan], gpus: Sequence[str]) -> tuple:
+  """A line for synchronous workers sharing this host's CPUs: their all-reduce goes through
+  gRPC between processes, and one worker with every core was measured faster (issue 25). Pure.
+  """
+  if config.strategy.name != "multi_worker_mirrored" or gpus or len(trainers) < 2:
+    return ()
+  return (f"advice: {len(trainers)} workers share this host's CPU cores; on CPUs one worker "
+          "per host using all of them trains faster (workers on one host all-reduce through "
+          "gRPC; measured by benchmarks/bench_scaling.py, BUILD_NOTES.md). Several workers on "
+          "one host are for trying a cluster's code paths.",)
 
 
 def heartbeat_path(log_dir: str, name: str) -> str:

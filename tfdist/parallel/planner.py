@@ -302,26 +302,53 @@ LINK_BYTES_PER_SECOND = 12.5e9  # 100 Gb/s (InfiniBand EDR, a 100 GbE NIC): the 
 
 
 def allreduce_seconds(gradient_bytes: int, devices: int,
-                      bytes_per_second: float = LINK_BYTES_PER_SECOND) -> float:
-  """A ring all-reduce's time: 2(N-1)/N x bytes over the slowest link (nccl-tests' bus
-  bandwidth model; latency left out). Pure.
+                      bytes_per_second: float = LINK_BYTES_PER_SECOND,
+                      latency_seconds: float = 0.0) -> float:
+  """A ring all-reduce's time, T = 2(N-1) a + 2(N-1)/N x bytes / b: 2(N-1) ring steps of
+  latency a each, and nccl-tests' bus-bandwidth term over the slowest link b. Pure.
 
   >>> round(allreduce_seconds(7_454_760, 8), 6)
   0.001044
+  >>> round(allreduce_seconds(7_454_760, 2, 170e6, 0.001), 4)  # gRPC on one host (issue 25)
+  0.0459
   """
-  return 2 * (devices - 1) / devices * gradient_bytes / bytes_per_second
+  return (2 * (devices - 1) * latency_seconds
+          + 2 * (devices - 1) / devices * gradient_bytes / bytes_per_second)
+
+
+def fit_ring(points) -> tuple[float, float]:
+  """(a seconds per ring step, b bytes per second) of the ring model fitted to measured
+  (devices, bytes, seconds) all-reduces: least squares of the relative error (a 4 KiB and a
+  16 MiB all-reduce weigh alike), a kept >= 0. Pure.
+
+  >>> a, b = fit_ring([(2, 0, 0.002), (2, 170e6, 1.002), (4, 0, 0.006)])
+  >>> round(a, 6), round(b / 1e6)
+  (0.001, 170)
+  """
+  import numpy as np
+  rows = np.array([[2 * (n - 1), 2 * (n - 1) / n * size] for n, size, _ in points], float)
+  seconds = np.array([t for *_, t in points], float)
+  (a, inverse_b), *_ = np.linalg.lstsq(rows / seconds[:, None], np.ones(len(seconds)),
+                                       rcond=None)
+  if a < 0:  # Latency hidden in the noise: bandwidth alone.
+    a = 0.0
+    inverse_b = float(np.sum(rows[:, 1] / seconds) / np.sum((rows[:, 1] / seconds) ** 2))
+  return float(a), float(1 / inverse_b) if inverse_b > 0 else float("inf")
 
 
 def allreduce_table(gradient_bytes: int, compute_seconds: float | None = None,
                     accumulation: int = 1, devices=(8, 64, 512),
-                    bytes_per_second: float = LINK_BYTES_PER_SECOND) -> str:
+                    bytes_per_second: float = LINK_BYTES_PER_SECOND,
+                    latency_seconds: float = 0.0) -> str:
   """The all-reduce's time per step at each device count, and (with the step's compute time)
   the weak-scaling efficiency it allows with no overlap: compute / (compute + all-reduce), the
   all-reduce's share divided by `accumulation` (one all-reduce per update). Pure."""
+  latency = (f"2(N-1) x {1e3 * latency_seconds:.2f} ms + " if latency_seconds else "")
   lines = [f"all-reduce of {gradient_bytes / 2 ** 20:.1f} MiB of gradients at "
-           f"{bytes_per_second * 8 / 1e9:.0f} Gb/s, 2(N-1)/N x bytes / bandwidth:"]
+           f"{bytes_per_second * 8 / 1e9:.2f} Gb/s, {latency}2(N-1)/N x bytes / bandwidth:"]
   for n in devices:
-    seconds = allreduce_seconds(gradient_bytes, n, bytes_per_second) / accumulation
+    seconds = allreduce_seconds(gradient_bytes, n, bytes_per_second,
+                                latency_seconds) / accumulation
     line = f"  {n:>4} devices: {1000 * seconds:.2f} ms a step"
     if compute_seconds:
       line += f", efficiency <= {compute_seconds / (compute_seconds + seconds):.2f}"
