@@ -4,7 +4,8 @@ each pinned to a core of its own, the same 256 examples per worker per step (ben
 1-worker examples/s). Per N: plain, with a bfloat16 all-reduce, and with local accumulation 4
 (one all-reduce per update) + bfloat16; where a step goes (the 1-worker step against the rest:
 all-reduce and waiting). At the largest N: the collective's settings (ring or auto; pack sizes),
-and one worker with all the cores instead of N workers of one core each.
+periodic averaging every 8 and 32 steps (local SGD, opt-in: compare its loss per epoch with
+synchronous training's), and one worker with all the cores instead of N workers of one core.
 
 Then the all-reduce alone over tensor sizes at each N, and the ring model T = 2(N-1) a +
 2(N-1)/N x bytes / b fitted to all of it (`planner.fit_ring`), and its prediction for 8 to 512
@@ -81,17 +82,23 @@ def main(argv):
     setups += [(f"{top} workers, packs of {mib} MiB",
                 cluster(top, bytes_per_pack=mib << 20) + TRAINING, top, "1 worker", False)
                for mib in (1, 4, 32)]
+    setups += [(f"{top} workers, averaged every {k} steps (local SGD)",
+                cluster(top, average_every=k) + TRAINING, top, "1 worker", False)
+               for k in (8, 32)]
     setups += [(f"1 worker with all {cores} cores", one + TRAINING, 1, "1 worker", True)]
   results = {name: [] for name, *_ in setups}
   steps = {name: [] for name in results}
+  losses = {}
   for _ in range(FLAGS.rounds):
     for name, text, workers, _, all_cores in setups:
       output = run(text, "train", workers, all_cores)
       results[name].append(value(output, "EXAMPLES_PER_SECOND"))
       steps[name].append(value(output, "STEP_SECONDS"))
+      losses[name] = re.search(r"LOSSES (.*)", output).group(1)
   print(f"{cores} cores; workers {counts}\n")
-  print("| setup | examples/s (runs) | step ms | efficiency | all-reduce and waiting ms |")
-  print("|---|---|---|---|---|")
+  print("| setup | examples/s (runs) | step ms | efficiency | all-reduce and waiting ms | "
+        "loss per epoch |")
+  print("|---|---|---|---|---|---|")
   for name, _, workers, base, all_cores in setups:
     single, runs = statistics.median(results[base or name]), results[name]
     scale = cores if all_cores else workers
@@ -99,7 +106,8 @@ def main(argv):
     rest = f"{1e3 * (total - statistics.median(steps[base])):.1f}" if base and not all_cores \
         else ""
     print(f"| {name} | {statistics.median(runs):,.0f} ({', '.join(f'{r:,.0f}' for r in runs)}) "
-          f"| {1e3 * total:.1f} | {statistics.median(runs) / (scale * single):.2f} | {rest} |")
+          f"| {1e3 * total:.1f} | {statistics.median(runs) / (scale * single):.2f} | {rest} | "
+          f"{losses[name]} |")
   if top == 1:
     return
   from tfdist.parallel import planner

@@ -2,7 +2,7 @@
 its threads; BENCH_ALL_CORES=1: not pinned). Modes:
 
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
-             `EXAMPLES_PER_SECOND x` and `STEP_SECONDS x`
+             `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x` and `LOSSES <one per epoch>`
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
 
@@ -30,11 +30,12 @@ def train(config):
   timer = common.EpochTimer()
   history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
                        callbacks=[timer], verbose=0, shuffle=False)
-  del history
+  losses = history.history["loss"]
   seconds = statistics.median(timer.seconds)
   replicas = tfdist.make_strategy(config).num_replicas_in_sync
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
-  return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}"]
+  return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
+          "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses)]
 
 
 def allreduce(config):

@@ -3,6 +3,8 @@ and TFDIST_CONFIG a launcher sets; every process bounded in time and killed by i
 
 import sys
 
+import numpy as np
+
 from tfdist import load_config
 from tfdist.config import TaskConfig
 from tfdist.testing.local_cluster import (local_cluster, run_everywhere, running, start_task,
@@ -38,3 +40,42 @@ def test_parameter_server_chief_schedules_on_worker_servers(tmp_path):
     assert all(s.process.poll() is None for s in servers), "a server died"
   for s in servers:
     assert "tfdist serve: " in s.output()
+
+
+def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_converges(tmp_path):
+  """strategy.average_every (local SGD) on 2 processes: with plain SGD and K = 1, each worker's
+  own step then the average is synchronous training's step (one device's results); with K = 4
+  the loss falls as synchronous training's does, to within 0.05."""
+  import json
+  import sys
+  from tests.conftest import PROGRAMS, REPO
+  from tests.programs import equivalence_case as case
+  from tests.test_fit import assert_same_training
+  from tfdist.testing.local_cluster import run_everywhere
+
+  reference = case.train({"strategy": "one_device"}, "plain")
+  finals = {}
+  for every in (1, 4):
+    config = tmp_path / f"every{every}.yaml"
+    config.write_text("cluster: {worker: 2}\n"
+                      f"strategy: {{name: multi_worker_mirrored, average_every: {every}}}\n")
+    (tmp_path / f"logs{every}").mkdir()
+    processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py"),
+                                        "plain"], tmp_path / f"logs{every}", 300,
+                               env={"PYTHONPATH": str(REPO)})
+    results = []
+    for p in processes:
+      assert p.process.returncode == 0, p.output()[-3000:]
+      line = next(line for line in p.output().splitlines() if line.startswith("RESULT "))
+      results.append(json.loads(line.split(" ", 2)[2]))
+    assert results[0]["weights"] == results[1]["weights"]  # Averaged at the end: one model.
+    if every == 1:
+      assert_same_training(results[0], reference, "plain")
+    finals[every] = results[0]["history"]["loss"]
+    drift = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                for a, b in zip(results[0]["weights"], reference["weights"]))
+    if every == 4:  # The replicas stepped apart between averages: not synchronous arithmetic.
+      assert drift > 1e-4, drift
+  losses = reference["history"]["loss"]
+  assert finals[4][-1] < finals[4][0] - 0.05 and abs(finals[4][-1] - losses[-1]) < 0.05, (
+      finals, losses)

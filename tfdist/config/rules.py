@@ -89,6 +89,11 @@ def _check_task(config: Config) -> None:
 
 def _check_strategy(config: Config) -> None:
   name, cluster = config.strategy.name, config.cluster
+  options = config.strategy.options
+  if getattr(options, "average_every", 0) and options.gradient_compression != "none":
+    raise ConfigError("must be none with average_every: periodic averaging all-reduces no "
+                      "gradients", key="strategy.gradient_compression",
+                      received=options.gradient_compression)
   if name in _SINGLE_MACHINE and (cluster.training_tasks > 1 or cluster.ps):
     raise ConfigError(f"{name} runs on one machine; a cluster of {cluster.training_tasks} "
                       "training tasks needs multi_worker_mirrored (or parameter_server with ps "
@@ -152,6 +157,10 @@ def _check_parallel(config: Config) -> None:
                       "parallel across workers, each splitting its model): a strategy over "
                       "several local devices mirrors every variable onto each, undoing the "
                       "split", key="parallel.stages", received=f"strategy {config.strategy.name}")
+  if getattr(config.strategy.options, "average_every", 0):
+    raise ConfigError("must be 0 with parallel.stages: a split model's gradients are averaged "
+                      "across workers every step", key="strategy.average_every",
+                      received=config.strategy.options.average_every)
   compression = getattr(config.strategy.options, "gradient_compression", "none")
   if compression != "none":
     raise ConfigError("must be none with parallel.stages: a split model's gradients are "

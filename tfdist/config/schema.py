@@ -149,11 +149,16 @@ class MultiWorkerMirroredOptions:
     gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
       network; the sum is rounded to that precision, as Horovod's fp16 compression); none keeps
       them in their own dtype.
+    average_every: opt-in periodic averaging (local SGD): each replica steps with its own
+      gradients and the weights are averaged over all of them every this many steps (at the end
+      of the call that reaches it); 0 (the default) all-reduces every step's gradients. Not
+      synchronous training's arithmetic: compare the loss curves.
   """
   communication: Literal["auto", "ring", "nccl"] = "auto"
   timeout_seconds: float | None = _field(None, _OPTIONAL_POSITIVE)
   bytes_per_pack: int = _field(0, _NON_NEGATIVE)
   gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
+  average_every: int = _field(0, _NON_NEGATIVE)
 
 
 @dataclasses.dataclass(frozen=True)

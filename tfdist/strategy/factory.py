@@ -54,6 +54,8 @@ def make_strategy(config: ConfigLike = None):
   options = config.strategy.options
   if getattr(options, "gradient_compression", "none") != "none":  # Applied by fit, not here.
     options = dataclasses.replace(options, gradient_compression="none")
+  if getattr(options, "average_every", 0):  # Applied by fit, not here.
+    options = dataclasses.replace(options, average_every=0)
   key = repr((config.strategy.name, options, config.devices, config.cluster, config.task))
   if key not in _STRATEGIES:
     _STRATEGIES[key] = _make(config)

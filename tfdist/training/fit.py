@@ -138,6 +138,10 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
                                          updates=epoch_steps * epochs,
                                          updates_per_epoch=epoch_steps))
+  every = getattr(config.strategy.options, "average_every", 0)
+  if every:
+    from tfdist.training import local_sgd
+    callbacks = [local_sgd.Averaging(strategy, every), *(callbacks or [])]
   callbacks = list(callbacks or []) + tensorboard.callbacks(
       config, strategy, first_epoch=first_epoch, epoch_steps=epoch_steps,
       global_batch=global_batch, clock=clock)
@@ -245,6 +249,9 @@ def _build(model_fn, compile, strategy, config: Config, hybrid=None):
     if compressed != "none":
       from tfdist.training import compression
       compression.install(optimizer, compressed)
+    if getattr(config.strategy.options, "average_every", 0):
+      from tfdist.training import local_sgd
+      local_sgd.install(optimizer, strategy)
     if training.gradient_accumulation_steps > 1:
       optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
     if config.parallel.enabled:
