@@ -79,3 +79,23 @@ def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_conver
   losses = reference["history"]["loss"]
   assert finals[4][-1] < finals[4][0] - 0.05 and abs(finals[4][-1] - losses[-1]) < 0.05, (
       finals, losses)
+
+
+def test_small_packs_reduced_in_reverse_order_equal_one_device(tmp_path):
+  """`bytes_per_pack` (TensorFlow's packs, reduced in reverse layer order so that the
+  all-reduce overlaps the backward pass) and the ring implementation on 2 processes: the
+  grouping changes, the sums do not: one device's training."""
+  import json
+  from tests.programs import equivalence_case as case
+  from tests.test_fit import assert_same_training
+
+  config = tmp_path / "packs.yaml"
+  config.write_text("cluster: {worker: 2}\nstrategy: {name: multi_worker_mirrored, "
+                    "communication: ring, bytes_per_pack: 256}\n")
+  processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py"),
+                                      "plain"], tmp_path, 300, env={"PYTHONPATH": str(REPO)})
+  reference = case.train({"strategy": "one_device"}, "plain")
+  for p in processes:
+    assert p.process.returncode == 0, p.output()[-3000:]
+    line = next(line for line in p.output().splitlines() if line.startswith("RESULT "))
+    assert_same_training(json.loads(line.split(" ", 2)[2]), reference, "plain")
