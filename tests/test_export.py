@@ -16,6 +16,7 @@ import yaml
 import tfdist
 from tfdist import ConfigError
 from tfdist.export import kubernetes, slurm
+from tfdist.launch.backends import slurm as slurm_backend
 from tfdist.launch.plan import plan_launch
 from tfdist.launch.ports import HeldPorts
 from tests.conftest import PROGRAMS, REPO
@@ -66,10 +67,11 @@ def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):
   script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run")
   assert "--port" not in script
   env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2"}
-  ports = {slurm.cluster_from_slurm(config, environ={**env, "SLURM_JOB_ID": job})
+  ports = {slurm_backend.cluster_from_slurm(config, environ={**env, "SLURM_JOB_ID": job})
            .cluster.addresses["worker"][0] for job in ("1041", "1042")}
-  assert ports == {f"n1:{slurm.job_port('1041')}", f"n1:{slurm.job_port('1042')}"}
-  assert slurm.job_port("1042") - slurm.job_port("1041") == 16  # Room for 16 tasks a node.
+  assert ports == {f"n1:{slurm_backend.job_port('1041')}",
+                   f"n1:{slurm_backend.job_port('1042')}"}
+  assert slurm_backend.job_port("1042") - slurm_backend.job_port("1041") == 16  # 16 a node.
 
 
 @pytest.mark.parametrize("hostlist,hosts", [
@@ -79,14 +81,15 @@ def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):
     ("127.0.0.1", ["127.0.0.1"]),
 ])
 def test_slurm_host_lists_expand_in_slurms_order(hostlist, hosts):
-  assert slurm.expand_hostlist(hostlist) == hosts
+  assert slurm_backend.expand_hostlist(hostlist) == hosts
 
 
 def test_ranks_get_the_address_of_their_own_node_when_names_do_not_sort_as_text():
   env = {"SLURM_STEP_NODELIST": "node[9-10]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
   for rank, (task, own) in enumerate([("worker:0", "node9:3000"), ("worker:1", "node9:3001"),
                                       ("worker:2", "node10:3000"), ("worker:3", "node10:3001")]):
-    addresses, got = slurm.slurm_cluster({"worker": 4}, {**env, "SLURM_PROCID": str(rank)}, 3000)
+    addresses, got = slurm_backend.slurm_cluster({"worker": 4},
+                                                 {**env, "SLURM_PROCID": str(rank)}, 3000)
     assert str(got) == task and addresses["worker"][rank] == own
 
 
@@ -104,7 +107,7 @@ def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeyp
   roles = [("chief", 0, False), ("ps", 0, True), ("worker", 0, True), ("worker", 1, True)]
   for rank, (job, index, serves) in enumerate(roles):
     slurm_env(monkeypatch, rank)
-    resolved = slurm.cluster_from_slurm(config, port=3000)
+    resolved = slurm_backend.cluster_from_slurm(config, port=3000)
     (process,) = plan_launch(resolved, str(path), ["python", "t.py"], log_dir=str(tmp_path),
                              task=resolved.task).processes
     assert json.loads(dict(process.env)["TF_CONFIG"]) == {
@@ -130,7 +133,7 @@ def test_slurm_environment_errors(write_config, monkeypatch, env, message):
     monkeypatch.setenv(name, value)
   config = tfdist.load_config(write_config(PS_CLUSTER), environ={})
   with pytest.raises(ConfigError, match=message):
-    slurm.cluster_from_slurm(config)
+    slurm_backend.cluster_from_slurm(config)
 
 
 def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_path):

@@ -14,16 +14,8 @@ USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
 FLAGS = flags.FLAGS
 
 
-def required_log_dir(config, purpose: str) -> str:
-  """The config's `tensorboard.log_dir`; a ConfigError naming `purpose` when it is not set."""
-  if not config.tensorboard.log_dir:
-    raise ConfigError(f"must be set {purpose}", key="tensorboard.log_dir", received=None,
-                      source=config.source)
-  return config.tensorboard.log_dir
-
-
 def run(args: list[str], task: str | None) -> int:
-  from tfdist.monitoring.server import start_tensorboard
+  from tfdist.monitoring.server import required_log_dir, start_tensorboard
 
   del task
   if len(args) != 1:

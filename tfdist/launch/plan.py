@@ -48,6 +48,11 @@ class ProcessPlan:
   def name(self) -> str:
     return "local" if self.task is None else self.task.name
 
+  def environ(self) -> dict[str, str]:
+    """The environment it runs in: this process's, then the plan's (TensorFlow's C++ log
+    level 2 unless the user set one)."""
+    return {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **dict(self.env)}
+
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:

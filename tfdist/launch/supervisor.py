@@ -74,13 +74,18 @@ class Supervisor:
     out: where prefixed output and the launcher's messages go; None, or once it is closed,
       only the log files get output.
     on_say: also called with each of the launcher's own lines (TensorBoard's launcher events).
+    start_process: starts a `ProcessPlan` as a `subprocess.Popen` (a backend's `start`); default
+      the local backend's.
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
                max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
                verbose: bool = False, out: TextIO | None = sys.stdout,
-               on_say: Callable[[str], None] | None = None):
+               on_say: Callable[[str], None] | None = None,
+               start_process: Callable[[ProcessPlan], subprocess.Popen] | None = None):
+    from tfdist.launch.backends import local
     self.make_plan = make_plan
+    self.start_process = start_process or local.start
     self.startup_timeout = startup_timeout
     self.restarts_left = max_restarts
     self.grace_period = grace_period
@@ -129,12 +134,9 @@ class Supervisor:
 
   def _start(self, p: ProcessPlan) -> Running:
     os.makedirs(os.path.dirname(p.log) or ".", exist_ok=True)
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **dict(p.env)}  # Unless the user set it.
     with contextlib.suppress(FileNotFoundError):
       os.remove(dict(p.env).get(liveness.HEARTBEAT_ENV, ""))  # A beat of an earlier start.
-    process = subprocess.Popen(p.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True,
-                               preexec_fn=liveness.start_as_child)
+    process = self.start_process(p)
     shown = self.verbose or p.chief or not self._runs_chief
     pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log, shown),
                             daemon=True)

@@ -65,3 +65,12 @@ def start_tensorboard(log_dir: str, *, port: int = 0, bind_all: bool = False,
       server.wait()
     output.close()
   return f"http://{'0.0.0.0' if bind_all else '127.0.0.1'}:{port}/", stop
+
+
+def required_log_dir(config, purpose: str) -> str:
+  """The config's `tensorboard.log_dir`; a ConfigError naming `purpose` when it is not set."""
+  from tfdist.errors import ConfigError
+  if not config.tensorboard.log_dir:
+    raise ConfigError(f"must be set {purpose}", key="tensorboard.log_dir", received=None,
+                      source=config.source)
+  return config.tensorboard.log_dir

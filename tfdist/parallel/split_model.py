@@ -118,8 +118,8 @@ def describe(assignment: dict, microbatches: int) -> str:
 
   >>> describe({"a": "/device:CPU:0", "b": "/device:CPU:0", "c": "/device:CPU:1"}, 4)
   'tfdist: model split into 2 stages (a, b on CPU:0 | c on CPU:1), 4 micro-batches'
-  >>> describe({f"l{i}": f"/device:GPU:{i // 5}" for i in range(10)}, 1)
-  'tfdist: model split into 2 stages (l0 ... l4, 5 layers on GPU:0 | l5 ... l9, 5 layers on GPU:1), 1 micro-batch'
+
+  A stage of more than three layers is named by its first and last: "l0 ... l4, 5 layers".
   """
   stages = {}
   for layer, device in assignment.items():

@@ -1,0 +1,141 @@
+"""`launch(config_path, command, options)`: a whole launch as a library call, the CLI's
+`tfdist launch` without its flags: the backend discovers the cluster and this host's task, the
+plan is made (and so checked) before anything starts, the supervisor starts and watches it
+with the backend's `start`, and the backend hears how it ended.
+
+```python
+from tfdist.launch.launcher import LaunchOptions, launch
+outcome = launch("configs/multi_worker_mirrored.yaml", ["python", "train.py"],
+                 LaunchOptions(max_restarts=1))
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+from typing import Mapping, Sequence
+
+from tfdist.config import load_config
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+  """How to launch, as `tfdist launch`'s flags say it.
+
+  Attributes:
+    task: this host's task as TYPE:INDEX (one role of a real cluster); None runs every task.
+    backend: "local", "slurm", or a backend module (`tfdist.launch.backends`).
+    port: the first port on each node (Slurm); None lets the backend choose.
+    dry_run: make and return the plan; start nothing.
+    fresh: start training over instead of resuming from an earlier run's backup.
+    max_restarts: restarts after a failure (the synchronous cluster, or a parameter-server
+      worker alone) or a preemption.
+    startup_timeout: seconds for every task's server to come up.
+    heartbeat_timeout: seconds a task may go without a heartbeat.
+    grace_period: seconds between a forwarded signal and SIGKILL.
+    logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
+    verbose: show every task's output, not only the chief's.
+    tensorboard: start TensorBoard on the config's log directory beside the cluster.
+  """
+  task: str | None = None
+  backend: object = "local"
+  port: int | None = None
+  dry_run: bool = False
+  fresh: bool = False
+  max_restarts: int = 0
+  startup_timeout: float = 120
+  heartbeat_timeout: float = 60
+  grace_period: float = 5
+  logs: str | None = None
+  verbose: bool = False
+  tensorboard: bool = False
+
+
+def launch(config_path: str, command: Sequence[str], options: LaunchOptions = LaunchOptions(),
+           environ: Mapping[str, str] = os.environ):
+  """Launches `command` as the config's tasks on this host and supervises them.
+
+  Args:
+    config_path: the config file (every task reads it: `TFDIST_CONFIG`).
+    command: the training command each training task runs.
+    options: the launch's options.
+    environ: the environment a backend discovers the cluster from.
+
+  Returns:
+    The `supervisor.Outcome` (exit code and reason); with `dry_run`, the `plan.LaunchPlan`.
+
+  Raises:
+    ConfigError: a bad config, task or command, found before anything starts.
+
+  ```python
+  outcome = launch("mwms.yaml", ["python", "train.py"], LaunchOptions(verbose=True))
+  sys.exit(outcome.code)
+  ```
+  """
+  from tfdist.launch import backends, plan, ports, supervisor
+  from tfdist.machine import facts
+
+  backend = (backends.get(options.backend) if isinstance(options.backend, str)
+             else options.backend)
+  found = backend.discover(load_config(config_path, environ={}), options, environ)
+  config, host_gpus = found.config, facts.visible_gpus()
+  log_dir = options.logs or f"tfdist-logs/{time.strftime('%Y%m%d-%H%M%S')}"
+  held = []  # The ports of the running plan, held until it ends.
+
+  def make_plan(fresh: bool = False):
+    while held:
+      held.pop().close()
+    if not config.cluster.has_addresses:
+      held.append(ports.HeldPorts(len(config.cluster.tasks())))
+    return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=found.task,
+                            ports=held[0].ports if held else (), fresh=fresh, gpus=host_gpus,
+                            local_task=found.local_task)
+
+  stack = contextlib.ExitStack()
+  try:
+    # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
+    # resumes from the backup this run wrote.
+    first = make_plan(fresh=options.fresh)
+    for address in plan.public_addresses(config):
+      print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
+            "have no authentication: run the cluster on a trusted, private network",
+            file=sys.stderr)
+    if options.dry_run:
+      return first
+    if options.tensorboard:
+      stack.callback(_start_tensorboard(config))  # Stopped with the launch.
+    events = None
+    if config.tensorboard.log_dir:  # The launcher's lines beside the run's curves.
+      from tfdist.monitoring.launch_events import LaunchEvents
+      events = LaunchEvents(os.path.join(config.tensorboard.log_dir, plan.run_name(log_dir),
+                                         "launcher"))
+      stack.callback(events.close)
+    plans = iter([first])
+    outcome = supervisor.Supervisor(
+        lambda: next(plans, None) or make_plan(), startup_timeout=options.startup_timeout,
+        max_restarts=options.max_restarts, grace_period=options.grace_period,
+        heartbeat_timeout=options.heartbeat_timeout, verbose=options.verbose, on_say=events,
+        start_process=backend.start).run()
+  finally:
+    stack.close()
+    while held:
+      held.pop().close()
+  backend.finish(outcome, environ)
+  with contextlib.suppress(BrokenPipeError, OSError):  # A reader that went away (`| head`).
+    print(f"tfdist launch: {outcome.message}; exit code {outcome.code}; logs in {log_dir}",
+          file=sys.stderr, flush=True)
+  return outcome
+
+
+def _start_tensorboard(config):
+  """Starts TensorBoard on the config's log directory; returns its stop function."""
+  from tfdist.monitoring.server import start_tensorboard, required_log_dir
+
+  log_dir = required_log_dir(config, "for --tensorboard")
+  url, stop = start_tensorboard(log_dir)
+  print(f"tfdist launch: TensorBoard on {log_dir} at {url}", file=sys.stderr, flush=True)
+  return stop
