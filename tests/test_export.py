@@ -263,8 +263,7 @@ def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["kubernetes", "configs/multi_worker_mirrored.yaml", "--", "python", "t.py"],
-     "--image: must name the container image holding tfdist and the training script. "
-     "Received: None"),
+     "--image: must name the container image holding tfdist and the training script."),
     (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--name", "Bad_Name",
       "--", "python"], "--name: must be a DNS-1035 label"),
     (["kubernetes", "configs/multi_worker_mirrored.yaml", "--image", "i", "--name", "2w",

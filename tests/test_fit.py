@@ -11,6 +11,7 @@ import keras
 
 import tfdist
 from tfdist import ConfigError
+from tfdist.errors import ModelError
 from tfdist.training.data import DataError, make_dataset, reads_files
 from tfdist.testing.local_cluster import run_everywhere
 from tests.conftest import PROGRAMS, REPO
@@ -150,7 +151,7 @@ def test_numpy_without_any_batch_size_is_a_clear_error():
 
 def test_uncompiled_model_without_compile_arguments_is_a_clear_error():
   x, y = case.data()
-  with pytest.raises(ConfigError, match="model_fn returned a model that is not compiled"):
+  with pytest.raises(ModelError, match="model_fn returned a model that is not compiled"):
     tfdist.fit(case.model_fn, x, y, config={"strategy": "default"}, batch_size=32)
 
 

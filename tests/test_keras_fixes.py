@@ -95,3 +95,16 @@ def test_string_inputs_train_under_mirrored_with_the_fix():
                        config=config, compile=dict(optimizer="sgd", loss="mse"), epochs=2,
                        verbose=0)
   assert len(history.history["loss"]) == 2
+
+
+def test_the_one_keras_private_tfdist_replaces_for_gradients_still_exists():
+  """`strategy.gradient_reduction` wraps Keras's `_all_reduce_sum_gradients`: the day Keras
+  renames it, this fails (and compression, averaging, the custom-step arithmetic and the step
+  clock with it)."""
+  import keras
+  from tfdist.strategy import gradient_reduction
+  optimizer = keras.optimizers.SGD()
+  assert callable(getattr(optimizer, gradient_reduction.PRIVATE))
+  seen = []
+  gradient_reduction.wrap(optimizer, lambda reduce, pairs: seen.append(pairs) or reduce(pairs))
+  assert optimizer._all_reduce_sum_gradients([(1.0, "v")]) == [(1.0, "v")] and seen

@@ -15,7 +15,8 @@ the script may build its data before calling `tfdist.fit`.
 from tfdist.config import BatchSizes, Config, batch_sizes, load_config, replica_count
 from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
-from tfdist.errors import ConfigError, DeviceSetupError, TfdistError, UnsupportedError
+from tfdist.errors import (ConfigError, DeviceSetupError, MissingExtraError, ModelError,
+                           TfdistError, UnsupportedError)
 from tfdist.launch.liveness import start_from_environment as _beat
 from tfdist.strategy import (central_storage, cluster_resolver, configure_devices, default,
                              make_strategy, mirrored, multi_worker_mirrored, one_device,

@@ -60,6 +60,15 @@ class ConfigError(TfdistError, ValueError):
     return ConfigError(self.rule, key=self.key, received=self.received, source=source)
 
 
+class ModelError(TfdistError, ValueError):
+  """A model tfdist was given cannot be used as it is (not compiled, not built); the message
+  says what to do."""
+
+
+class MissingExtraError(TfdistError, ImportError):
+  """A feature's optional packages are not installed; the message names the extra."""
+
+
 class DeviceSetupError(TfdistError, RuntimeError):
   """Devices were asked for after TensorFlow had already initialised its own."""
 

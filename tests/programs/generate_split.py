@@ -24,7 +24,7 @@ with tf.device("/CPU:0"):  # Host memory: the whole model fits no single device.
       vocabulary_size=32000, num_layers=layers, num_heads=width // 64, hidden_dim=width,
       intermediate_dim=4 * width, max_sequence_length=256)
   causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-devices = placement.local_devices()
+devices = placement.stage_devices_here()
 plan = planner.plan_generation(causal_lm, batch=4, length=256, devices=len(devices))
 print("PLAN", *(f"{m.total / 2 ** 20:.0f}" for m in plan["split"]), flush=True)
 split(causal_lm, "balanced", devices=devices)

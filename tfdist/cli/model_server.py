@@ -11,7 +11,7 @@ import signal
 
 from absl import flags
 
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, MissingExtraError
 
 USAGE = ("tfdist model-server MODEL --name NAME [--port P] [--host H] [--max-batch-size N] "
          "[--max-wait-ms MS] [--max-queue N] [--max-body-bytes N]")
@@ -23,15 +23,14 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) != 1:
     raise SystemExit(f"usage: {USAGE}")
   if not FLAGS.name:
-    raise ConfigError("is required: the name clients call the model by", key="--name",
-                      received=None)
+    raise ConfigError("is required: the name clients call the model by", key="--name")
   from tfdist.cli.export import require_model
   model, version = require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   try:
     from tfdist.serving import http
   except ImportError as e:
-    raise ConfigError(f"needs the serving extra: pip install 'tfdist[serving]' ({e})",
-                      key="model-server", received=None) from None
+    raise MissingExtraError(f"model-server needs the serving extra: pip install "
+                            f"'tfdist[serving]' ({e})") from None
   from tfdist.serving.batching import BatchingPredictor
 
   predictor = BatchingPredictor(model, max_batch_size=FLAGS["max-batch-size"].value,

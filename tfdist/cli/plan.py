@@ -31,12 +31,12 @@ def run(args: list[str], task: str | None) -> int:
   configure_devices(config.devices)
   from tfdist.parallel import placement, planner
 
-  devices = list(config.parallel.devices) or placement.local_devices()
+  devices = list(config.parallel.devices) or placement.stage_devices_here()
   length = FLAGS.generate
   batch = FLAGS.batch or (1 if length else batch_sizes(config.training, 1).global_batch_size)
   if batch is None:
     raise ConfigError("is needed: pass --batch or set training.global_batch_size",
-                      key="--batch", received=None)
+                      key="--batch")
   capacity = memory_bytes(FLAGS.memory)
   model = model_fn()
   stages = None

@@ -91,6 +91,30 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str 
   return config
 
 
+
+ConfigLike = Config | str | os.PathLike | Mapping | None
+"""What tfdist's functions take as a config: a `Config`, a YAML path, a mapping, or None (the
+launched task's: TFDIST_CONFIG, then TF_CONFIG)."""
+
+
+def as_config(config: ConfigLike) -> Config:
+  """`config` itself when it is a `Config`, else `load_config(config)`.
+
+  Args:
+    config: a `Config`, a YAML path, a mapping, or None.
+
+  Returns:
+    The validated `Config`.
+
+  Raises:
+    ConfigError: what `load_config` raises.
+
+  ```python
+  config = as_config({"strategy": "mirrored"})
+  ```
+  """
+  return config if isinstance(config, Config) else load_config(config)
+
 def parse_task_flag(text: str, source: str = "--task") -> TaskConfig:
   """Parses `TYPE:INDEX` (as `--task worker:1`) into a `TaskConfig`."""
   job, sep, index = str(text).partition(":")

@@ -9,13 +9,8 @@ if tfdist.is_chief(config):
 
 from __future__ import annotations
 
-import os
-from typing import Mapping
-
-from tfdist.config.loader import load_config
-from tfdist.config.schema import Config, TaskConfig
-
-ConfigLike = Config | str | os.PathLike | Mapping | None
+from tfdist.config.loader import ConfigLike, as_config
+from tfdist.config.schema import TaskConfig
 
 
 def is_chief(config: ConfigLike = None) -> bool:
@@ -26,7 +21,7 @@ def is_chief(config: ConfigLike = None) -> bool:
   Args:
     config: a `Config` or what `tfdist.load_config` takes; None reads the launched task's.
   """
-  config = _as_config(config)
+  config = as_config(config)
   task = config.task
   if task is None or config.cluster.is_empty:
     return True
@@ -37,14 +32,10 @@ def is_chief(config: ConfigLike = None) -> bool:
 
 def task(config: ConfigLike = None) -> TaskConfig | None:
   """This process's task (`.type`, `.index`), or None outside a cluster."""
-  return _as_config(config).task
+  return as_config(config).task
 
 
 def task_name(config: ConfigLike = None) -> str:
   """`<type>-<index>` of this task, or `local` for a process without a task."""
   t = task(config)
   return "local" if t is None else t.name
-
-
-def _as_config(config: ConfigLike) -> Config:
-  return config if isinstance(config, Config) else load_config(config)

@@ -94,7 +94,7 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
                       "digits and '-'", key="--namespace", received=namespace)
   if not image:
     raise ConfigError("must name the container image holding tfdist and the training script",
-                      key="--image", received=image)
+                      key="--image")
   if config.cluster.is_empty:
     raise ConfigError("must name the replicas (e.g. cluster: {worker: 2})", key="cluster",
                       received={}, source=config.source)

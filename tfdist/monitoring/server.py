@@ -71,6 +71,6 @@ def required_log_dir(config, purpose: str) -> str:
   """The config's `tensorboard.log_dir`; a ConfigError naming `purpose` when it is not set."""
   from tfdist.errors import ConfigError
   if not config.tensorboard.log_dir:
-    raise ConfigError(f"must be set {purpose}", key="tensorboard.log_dir", received=None,
+    raise ConfigError(f"must be set {purpose}", key="tensorboard.log_dir",
                       source=config.source)
   return config.tensorboard.log_dir

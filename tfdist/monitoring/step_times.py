@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import statistics
 import threading
-import types
 
 import tensorflow as tf
+
+from tfdist.strategy import gradient_reduction
 
 STRAGGLER_RATIO = 1.3  # Megatron's straggler detector flags ranks ~1.3x slower than the median.
 STRAGGLER_MS = 1.0  # And at least this much slower: 0.3 ms against 0.2 ms is noise, not a lag.
@@ -88,10 +89,9 @@ class StepClock:
 
   def time_all_reduce(self, optimizer) -> None:
     """Times `optimizer`'s all-reduce of the gradients (Keras's, or tfdist's compressed one)."""
-    reduce = optimizer._all_reduce_sum_gradients
     clock = self
 
-    def timed_reduce(self, grads_and_vars):
+    def timed_reduce(reduce, grads_and_vars):
       grads_and_vars = list(grads_and_vars)
       grads = [g for g, _ in grads_and_vars if g is not None]
       with tf.control_dependencies(grads):
@@ -103,7 +103,7 @@ class StepClock:
         after = tf.timestamp()
       clock._reduces.setdefault(threading.get_ident(), []).append((before, after))
       return reduced
-    optimizer._all_reduce_sum_gradients = types.MethodType(timed_reduce, optimizer)
+    gradient_reduction.wrap(optimizer, timed_reduce)
 
   def take(self) -> list[float]:
     """This task's mean (input wait, compute, collective wait) per step in ms since the last

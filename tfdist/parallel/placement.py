@@ -34,7 +34,7 @@ import tensorflow as tf
 from tfdist.errors import ConfigError
 
 
-def local_devices() -> list[str]:
+def stage_devices_here() -> list[str]:
   """This process's devices for stages: its GPUs, else its (logical) CPUs."""
   gpus = _local(tf.config.list_logical_devices("GPU"))
   return gpus or _local(tf.config.list_logical_devices("CPU"))

@@ -77,7 +77,7 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
                       received=type(model).__name__)
   if microbatches < 1:
     raise ConfigError("must be 1 or greater", key="parallel.microbatches", received=microbatches)
-  devices = list(devices or placement.local_devices())
+  devices = list(devices or placement.stage_devices_here())
   assignment = placement.assign(model, stages, devices)
   placement.place(model, assignment, recompute)
   model.jit_compile = False  # Keras's "auto" turns XLA on when a GPU is present.

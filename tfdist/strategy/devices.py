@@ -92,7 +92,7 @@ def local_gpu_count() -> int:
   return len(tf.config.get_visible_devices("GPU"))
 
 
-def local_devices(devices: DevicesConfig) -> list[str]:
+def replica_devices(devices: DevicesConfig) -> list[str]:
   """The devices a single-machine strategy mirrors over by default: every GPU, else every
   logical CPU."""
   import tensorflow as tf

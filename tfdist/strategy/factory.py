@@ -8,17 +8,15 @@ the same options as the YAML and validates them by the same rules.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Mapping
 
 from tfdist.config import loader, rules
+from tfdist.config.loader import ConfigLike, as_config  # noqa: F401  (re-exported)
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.errors import ConfigError, DeviceSetupError
-from tfdist.strategy.devices import (RUN_TENSORFLOW_LATER, configure_devices, local_devices,
+from tfdist.strategy.devices import (RUN_TENSORFLOW_LATER, configure_devices, replica_devices,
                                      local_gpu_count)
 from tfdist.strategy.resolver import cluster_resolver
-
-ConfigLike = Config | str | os.PathLike | Mapping | None
 
 # One strategy per process for each distinct setting: two strategies over the same devices start
 # their collective keys at the same values, and the second one's all-reduce then collides with
@@ -73,10 +71,6 @@ def _make(config: Config):
                       "call tfdist.serve(config) there (tfdist launch does)", key="task",
                       received=str(task), source=config.source)
   return _BUILDERS[name](config.strategy.options, config)
-
-
-def as_config(config: ConfigLike) -> Config:
-  return config if isinstance(config, Config) else loader.load_config(config)
 
 
 def _with_strategy(name: str, options: Mapping[str, Any], config: ConfigLike) -> Config:
@@ -186,13 +180,13 @@ def _build_mirrored(options, config: Config):
       "reduction_to_one": tf.distribute.ReductionToOneDevice,
   }[options.cross_device_ops]()
   return tf.distribute.MirroredStrategy(
-      list(options.devices) or local_devices(config.devices), cross_device_ops=cross_device_ops)
+      list(options.devices) or replica_devices(config.devices), cross_device_ops=cross_device_ops)
 
 
 def _build_central_storage(options, config: Config):
   import tensorflow as tf
   return tf.distribute.experimental.CentralStorageStrategy(
-      compute_devices=list(options.compute_devices) or local_devices(config.devices),
+      compute_devices=list(options.compute_devices) or replica_devices(config.devices),
       parameter_device=options.parameter_device)
 
 

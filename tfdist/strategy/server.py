@@ -31,8 +31,8 @@ def start_server(config: ConfigLike = None):
   task = config.task
   if task is None or not config.cluster.has_addresses:
     raise ConfigError("a server needs a cluster with addresses and a task (TF_CONFIG or "
-                      "--task)", key="task", received=None if task is None else str(task),
-                      source=config.source)
+                      "--task)", key="task", source=config.source,
+                      **({} if task is None else {"received": str(task)}))
   configure_devices(config.devices)  # A worker computes: its GPU memory as the config says.
   # Ops on a worker fail fast to the coordinator, which reschedules them (TensorFlow's PS docs).
   os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")

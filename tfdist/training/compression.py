@@ -12,15 +12,15 @@ strategy: {name: multi_worker_mirrored, gradient_compression: bfloat16}
 
 from __future__ import annotations
 
-import types
-
 import tensorflow as tf
+
+from tfdist.strategy import gradient_reduction
 
 
 def install(optimizer, dtype: str) -> None:
   """Makes `optimizer` all-reduce its gradients in `dtype` (bfloat16 or float16)."""
-  optimizer._all_reduce_sum_gradients = types.MethodType(
-      lambda self, grads_and_vars: all_reduce_in(grads_and_vars, dtype), optimizer)
+  gradient_reduction.wrap(optimizer, lambda reduce, grads_and_vars: all_reduce_in(
+      grads_and_vars, dtype))
 
 
 def all_reduce_in(grads_and_vars, dtype: str):

@@ -47,11 +47,11 @@ def evaluate_checkpoints(model, validation, *, config: Config, epochs: int,
   """
   if not config.checkpoint.dir:
     raise ConfigError("must be set for an evaluator task: it evaluates the checkpoints the "
-                      "chief writes there", key="checkpoint.dir", received=None,
+                      "chief writes there", key="checkpoint.dir",
                       source=config.source)
   if validation is None:
     raise ConfigError("must be passed to tfdist.fit: an evaluator task evaluates it",
-                      key="validation_data", received=None)
+                      key="validation_data")
   started = time.time()
   writer = tf.summary.create_file_writer(log_dir(config))
   history = keras.callbacks.History()

@@ -14,7 +14,7 @@ from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, ModelError
 from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
 
 
@@ -215,7 +215,7 @@ def _one_device_arithmetic(model, optimizer, global_batch: int | None, config: C
   if not global_batch:
     raise ConfigError("is needed to weigh each replica's share of a batch in the model's own "
                       "train_step: set it, or pass a dataset batched with a known size",
-                      key="training.global_batch_size", received=None, source=config.source)
+                      key="training.global_batch_size", source=config.source)
   replica_math.weight_gradients_by_share(optimizer)
   user_step = model.train_step
   model.train_step = lambda data: replica_math.with_share(data, global_batch,
@@ -239,9 +239,8 @@ def _build(model_fn, compile, strategy, config: Config, hybrid=None):
     if compile is not None:
       model.compile(**(compile() if callable(compile) else compile))
     elif not model.compiled:
-      raise ConfigError("model_fn returned a model that is not compiled: compile it there or "
-                        "pass compile=dict(optimizer=..., loss=...)", key="compile",
-                        received=None)
+      raise ModelError("model_fn returned a model that is not compiled: compile it there or "
+                       "pass compile=dict(optimizer=..., loss=...)")
     model.jit_compile = training.jit_compile
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
     fused = training.fused_optimizer and fused_updates.install(optimizer)

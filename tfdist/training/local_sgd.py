@@ -12,10 +12,10 @@ strategy: {name: multi_worker_mirrored, average_every: 8}
 
 from __future__ import annotations
 
-import types
-
 import keras
 import tensorflow as tf
+
+from tfdist.strategy import gradient_reduction
 
 
 def install(optimizer, strategy) -> None:
@@ -23,10 +23,11 @@ def install(optimizer, strategy) -> None:
   replica's loss by 1 / replicas for the all-reduce's sum; its own step needs it whole."""
   replicas = strategy.num_replicas_in_sync
 
-  def own_gradients(self, grads_and_vars):
+  def own_gradients(reduce, grads_and_vars):
+    del reduce  # No all-reduce: each replica's own.
     return [(None if g is None else g * tf.cast(replicas, g.dtype), v)
             for g, v in grads_and_vars]
-  optimizer._all_reduce_sum_gradients = types.MethodType(own_gradients, optimizer)
+  gradient_reduction.wrap(optimizer, own_gradients)
 
 
 class Averaging(keras.callbacks.Callback):

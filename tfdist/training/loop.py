@@ -191,8 +191,7 @@ class TrainingLoop:
       self.global_batch_size = data.batched_by(dataset)
       if self.global_batch_size is None and self.replicas > 1:
         raise ConfigError("is needed to weigh each replica's share of a batch: set it, or "
-                          "batch the dataset with a known size", key="training.global_batch_size",
-                          received=None, source=self.config.source)
+                          "batch the dataset with a known size", key="training.global_batch_size", source=self.config.source)
     step_fn = getattr(step_fn, "python_function", step_fn)
     if self.asynchronous:
       yield from self._run_on_workers(step_fn, dataset, steps)
@@ -285,7 +284,7 @@ class TrainingLoop:
     steps = steps or _length(dataset)
     if not steps:
       raise ConfigError("is needed under parameter_server for a dataset that does not know its "
-                        "length", key="steps", received=None)
+                        "length", key="steps")
     if self._coordinator is None:
       self._coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
     if id(dataset) not in self._worker_iterators:

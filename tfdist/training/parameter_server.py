@@ -47,8 +47,7 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
   """
   if not steps_per_epoch:
     raise ConfigError("must be set under parameter_server: workers read endlessly repeated "
-                      "data, so an epoch is a number of steps", key="training.steps_per_epoch",
-                      received=None, source=source)
+                      "data, so an epoch is a number of steps", key="training.steps_per_epoch", source=source)
   if data.is_generator(train_data):
     raise data.DataError("train_data: parameter-server workers cannot run a Python generator "
                          "of the chief: pass a tf.data.Dataset built from arrays or files, or a "

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import types
 
 import tensorflow as tf
 from keras.src.losses import loss as keras_loss
+
+from tfdist.strategy import gradient_reduction
 
 _SHARES: dict[int, tf.Tensor] = {}  # Replica thread -> its share of the global batch.
 
@@ -60,15 +61,13 @@ def weight_gradients_by_share(optimizer) -> None:
   `train_step`, one replica) its all-reduce is unchanged."""
   if getattr(optimizer, "tfdist_weighted", False):
     return
-  reduce = optimizer._all_reduce_sum_gradients
-
-  def weighted(self, grads_and_vars):
+  def weighted(reduce, grads_and_vars):
     share = _SHARES.get(threading.get_ident())
     context = tf.distribute.get_replica_context()
     if share is None or context is None or context.num_replicas_in_sync == 1:
       return reduce(grads_and_vars)
     return reduce([(g if g is None else _scaled(g, share), v) for g, v in grads_and_vars])
-  optimizer._all_reduce_sum_gradients = types.MethodType(weighted, optimizer)
+  gradient_reduction.wrap(optimizer, weighted)
   optimizer.tfdist_weighted = True
 
 
