@@ -107,21 +107,22 @@ class BlockCaches:
     self._variables: dict[int, list[tf.Variable]] = {}
     self._shapes: dict[int, list[tf.TensorShape]] = {}
 
-  @contextlib.contextmanager
   def seeding(self, keep_in_variables: bool):
-    self._seeding = keep_in_variables
-    try:
-      yield
-    finally:
-      self._seeding = None
+    """While `_build_cache` seeds the cache: whether it goes to variables."""
+    return self._while("_seeding", keep_in_variables)
+
+  def for_group(self, group: int):
+    """While one group of prompts' sampling loop is traced."""
+    return self._while("group", group)
 
   @contextlib.contextmanager
-  def for_group(self, group: int):
-    self.group = group
+  def _while(self, attribute: str, value):
+    previous = getattr(self, attribute)
+    setattr(self, attribute, value)
     try:
       yield
     finally:
-      self.group = 0
+      setattr(self, attribute, previous)
 
   def variables(self) -> list[tf.Variable]:
     """This group's variables, one per block on its device (made once, empty between calls:

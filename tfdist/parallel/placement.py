@@ -25,6 +25,7 @@ place(model, assignment)
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Mapping, Sequence
 
@@ -57,41 +58,38 @@ def units(model) -> dict[str, Any]:
   list(units(gpt2_causal_lm))[:3]  # ['padding_mask', 'token_ids', 'token_embedding']
   ```
   """
-  found: list[tuple[str, Any]] = []
+  return _walk(model)[0]
+
+
+def nested_models(model) -> dict[str, list[str]]:
+  """{name of a nested model that `units` opens: the names of its units}."""
+  return _walk(model)[1]
+
+
+def _walk(model) -> tuple[dict[str, Any], dict[str, list[str]]]:
+  """(`units`, `nested_models`) of `model`, from one walk of its layers."""
+  found: list[tuple[tuple[str, ...], Any]] = []  # (the nested models it is in, a layer)
   seen: set[int] = set()
 
-  def visit(layers, path: str) -> None:
+  def visit(layers, parents: tuple[str, ...]) -> None:
     for layer in layers:
       if id(layer) in seen:
         continue
       seen.add(id(layer))
       if _opens(layer):
-        visit(layer.layers, f"{path}{layer.name}/")
+        visit(layer.layers, parents + (layer.name,))
       else:
-        found.append((f"{path}{layer.name}", layer))
-  visit(model.layers, "")
-  counts: dict[str, int] = {}
-  for path, layer in found:
-    counts[layer.name] = counts.get(layer.name, 0) + 1
-  return {(layer.name if counts[layer.name] == 1 else path): layer for path, layer in found}
-
-
-def nested_models(model) -> dict[str, list[str]]:
-  """{name of a nested model that `units` opens: the names of its units}."""
-  names = {id(layer): name for name, layer in units(model).items()}
-  result: dict[str, list[str]] = {}
-
-  def visit(layers) -> list[str]:
-    inside = []
-    for layer in layers:
-      if _opens(layer):
-        result[layer.name] = visit(layer.layers)
-        inside += result[layer.name]
-      elif id(layer) in names:
-        inside.append(names[id(layer)])
-    return inside
-  visit(model.layers)
-  return result
+        found.append((parents, layer))
+  visit(model.layers, ())
+  counts = collections.Counter(layer.name for _, layer in found)
+  placed: dict[str, Any] = {}
+  nested: dict[str, list[str]] = {}
+  for parents, layer in found:
+    name = layer.name if counts[layer.name] == 1 else "/".join(parents + (layer.name,))
+    placed[name] = layer
+    for parent in parents:
+      nested.setdefault(parent, []).append(name)
+  return placed, nested
 
 
 def _opens(layer) -> bool:
@@ -117,9 +115,8 @@ def assign(model, placement: Any, devices: Sequence[str]) -> dict[str, str]:
   assign(model, "balanced", ["/device:GPU:0", "/device:GPU:1"])
   ```
   """
-  placed = units(model)
+  placed, nested = _walk(model)
   layers = list(placed)
-  nested = nested_models(model)
   devices = [_canonical(d) for d in devices]
   if placement == "balanced":
     sizes = [sum(int(w.numpy().size) for w in layer.weights) for layer in placed.values()]

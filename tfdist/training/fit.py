@@ -174,8 +174,6 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
           part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
                            validation_data=validation, callbacks=files + callbacks,
                            shuffle=False, **fit_kwargs)
-        if files:
-          files[-1].first_step = 0  # Preemption: later epochs count their steps from 0.
         history = _joined(history, part)
   if config.checkpoint.dir:
     checkpoints.save_final_model(model, config)

@@ -27,6 +27,7 @@ import keras
 
 from tfdist.exit_codes import PREEMPTED
 
+
 class Preemption(keras.callbacks.Callback):
   """Saves `backup` at the same step on every worker after a termination notice, then exits.
 
@@ -34,7 +35,8 @@ class Preemption(keras.callbacks.Callback):
     backup: tfdist's `checkpoints.Backup` of this task.
     strategy: the MultiWorkerMirrored strategy whose workers must agree; None for one process.
     signals: the signals taken as a notice.
-    first_step: steps of the first epoch done before this fit (a resumed partial epoch).
+    first_step: steps of the first epoch done before this fit (a resumed partial epoch); the
+      epochs after it count from 0.
     say: prints a line (the chief's start line's printer).
   """
 
@@ -46,7 +48,6 @@ class Preemption(keras.callbacks.Callback):
     self._agree = agreement(strategy) if strategy is not None else None
     self._previous: dict = {}
     self._epoch = 0
-    self._first_epoch: int | None = None
 
   def on_train_begin(self, logs=None):
     if threading.current_thread() is threading.main_thread():
@@ -65,15 +66,16 @@ class Preemption(keras.callbacks.Callback):
             "call's steps", flush=True)
 
   def on_epoch_begin(self, epoch, logs=None):
-    self._first_epoch = epoch if self._first_epoch is None else self._first_epoch
     self._epoch = epoch
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.first_step = 0  # Only the resumed epoch started part-way.
 
   def on_train_batch_end(self, batch, logs=None):
     if not self._stop_now():
       return
-    offset = self.first_step if self._epoch == self._first_epoch else 0
-    epoch, step = self._epoch, batch + 1 + offset
-    if self.params.get("steps") and step >= self.params["steps"] + offset:
+    epoch, step = self._epoch, batch + 1 + self.first_step
+    if self.params.get("steps") and step >= self.params["steps"] + self.first_step:
       epoch, step = epoch + 1, 0  # The epoch's last call: resume at the next epoch.
     self.backup.save_position(epoch, step)
     where = f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}"
