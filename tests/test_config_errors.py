@@ -155,6 +155,13 @@ BAD_CONFIGS = [
      "strategy: central_storage\ntraining: {mixed_precision: float16}\n", None, None,
      "{f}: training.mixed_precision: must not be float16 under central_storage: Keras's loss "
      "scaling fails there; use bfloat16 or off. Received: 'float16'"),
+    ("preemption_signal_without_checkpoints", "checkpoint: {preemption_signal: SIGUSR1}\n",
+     None, None, "{f}: checkpoint.preemption_signal: needs checkpoint.dir: a preemption notice "
+     "saves each task's backup there. Received: 'SIGUSR1'"),
+    ("average_every_with_compression", "cluster: {worker: 2}\nstrategy: {name: "
+     "multi_worker_mirrored, average_every: 4, gradient_compression: bfloat16}\n", None, None,
+     "{f}: strategy.gradient_compression: must be none with average_every: periodic averaging "
+     "all-reduces no gradients. Received: 'bfloat16'"),
     ("zero_batch", "training: {global_batch_size: 0}\n", None, None,
      "{f}: training.global_batch_size: must be greater than 0. Received: 0"),
     ("boolean_as_integer", "training: {epochs: true}\n", None, None,

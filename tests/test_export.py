@@ -55,7 +55,8 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
 
 def test_the_sbatch_notice_is_the_configs_preemption_signal(write_config):
   config = tfdist.load_config(write_config(
-      "cluster: {worker: 2}\ncheckpoint: {preemption_signal: SIGUSR1}\n"), environ={})
+      "cluster: {worker: 2}\ncheckpoint: {dir: /shared/ck, preemption_signal: SIGUSR1}\n"),
+      environ={})
   script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run", notice=120)
   assert "#SBATCH --signal=USR1@120\n" in script and "--grace-period 110 " in script
   bare = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run", notice=0)

@@ -118,6 +118,10 @@ def _check_strategy(config: Config) -> None:
 
 def _check_training(config: Config) -> None:
   training, name = config.training, config.strategy.name
+  signal_name = config.checkpoint.preemption_signal
+  if signal_name != "SIGTERM" and not config.checkpoint.dir:
+    raise ConfigError("needs checkpoint.dir: a preemption notice saves each task's backup "
+                      "there", key="checkpoint.preemption_signal", received=signal_name)
   if training.jit_compile and name in _NO_JIT:
     raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
                       key="training.jit_compile", received=True)

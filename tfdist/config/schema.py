@@ -290,7 +290,7 @@ class CheckpointConfig:
     max_to_keep: how many checkpoints to keep.
     preemption_signal: the signal that, like SIGTERM, asks `tfdist.fit` to save each task's
       backup at the same step and exit with 42 ("restart me"): SIGUSR1 for Slurm's `--signal`
-      before a time limit (`tfdist export slurm` asks Slurm for it).
+      before a time limit (`tfdist export slurm` asks Slurm for it). Needs `dir`.
   """
   dir: str | None = None
   max_to_keep: int = _field(3, _POSITIVE)
