@@ -7,7 +7,7 @@ micro-batches.
 On a CPU the two devices are logical CPUs sharing the same cores: the ratios show the split's
 overhead, never a speed-up. On a GPU machine the devices are the first two GPUs, or two logical
 GPUs of `--gpu-memory` MiB each cut from one; each device's peak memory is printed beside
-`planner.plan_generation`'s estimate.
+`estimates.estimate_generation`'s estimate.
 
   python -m benchmarks.bench_generation [--layers 8 --hidden 512 --heads 8 --vocab 16384]
                                         [--batch 8 --prompt 16 --length 80] [--gpu-memory MiB]
@@ -80,7 +80,7 @@ def main(_):
   import numpy as np
   import tensorflow as tf
 
-  from tfdist.parallel import placement, planner, split
+  from tfdist.parallel import placement, estimates, split
 
   rng = np.random.default_rng(0)
   ids = np.zeros((FLAGS.batch, FLAGS.length), "int32")
@@ -101,7 +101,7 @@ def main(_):
     return causal_lm
 
   model = build()
-  plan = planner.plan_generation(model, batch=FLAGS.batch, length=FLAGS.length,
+  plan = estimates.estimate_generation(model, batch=FLAGS.batch, length=FLAGS.length,
                                  devices=len(names))
   cases = [("unsplit, one device", lambda: model),
            ("placed, KerasHub's stacked cache", placed_only),

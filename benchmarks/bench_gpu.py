@@ -2,7 +2,7 @@
 transformer encoder (12 layers, width 768, sequence 512), each trained by plain Keras, by
 tfdist's defaults and by a hand-written `strategy.run` loop, under default and mirrored, in
 float32, bfloat16 and float16: samples/s, MFU against the device's measured matmul peak, and
-the GPU's peak memory against `tfdist plan`'s estimate.
+the GPU's peak memory against `tfdist estimate`'s estimate.
 
 Written for a GPU machine (ResNet-50 at batch 64 needs ~10 GiB); `--small` runs the same code
 on tiny shapes to check it on a CPU (its figures mean nothing). Each run is a fresh process.
@@ -74,7 +74,7 @@ def one_run(model: str, strategy_name: str, precision: str, contender: str) -> d
 
   import tfdist
   from tfdist.machine import speed
-  from tfdist.parallel import planner
+  from tfdist.parallel import estimates
 
   batch = shapes()[model]["batch"]
   gpus = tf.config.list_logical_devices("GPU")
@@ -142,7 +142,7 @@ def one_run(model: str, strategy_name: str, precision: str, contender: str) -> d
             "peak": peak.describe()}
   if gpus:
     result["peak_gib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2 ** 30
-    plan = planner.plan_memory(net, batch=global_batch, devices=replicas)
+    plan = estimates.estimate_memory(net, batch=global_batch, devices=replicas)
     result["plan_gib"] = plan["data_parallel"].total / 2 ** 30
   return result
 

@@ -1,5 +1,5 @@
 """A model split over 2 logical CPUs (tfdist.parallel) against the same model unsplit, with
-1-8 micro-batches; the GPipe bubble bound (S-1)/(M+S-1) beside them; the planner's estimate of
+1-8 micro-batches; the GPipe bubble bound (S-1)/(M+S-1) beside them; the estimate of
 each stage's variable bytes against the bytes placed there.
 
 Logical CPUs share one thread pool (2 cores here), so this shows the split's overhead, not a
@@ -28,7 +28,7 @@ def main(argv):
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
   import keras
 
-  from tfdist.parallel import planner
+  from tfdist.parallel import estimates
   from tfdist.parallel.split_model import split
   devices = FLAGS.devices or ["/device:CPU:0", "/device:CPU:1"]
   x, y = common.data(FLAGS.samples)
@@ -56,14 +56,14 @@ def main(argv):
   for m in (1, 2, 4, 8):
     print(f"| {m} | {(stages - 1) / (m + stages - 1):.2f} |")
 
-  plan = planner.plan_memory(model(), batch=BATCH, devices=stages)
+  plan = estimates.estimate_memory(model(), batch=BATCH, devices=stages)
   placed = model(1)
   placed.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0)
   measured = {}
   for variable in placed.weights + placed.optimizer.variables:
     measured[variable.value.device] = measured.get(variable.value.device, 0) + \
-        planner._bytes(variable)
-  print("\n| stage | planner's variable bytes | placed | error |\n|---|---|---|---|")
+        estimates._bytes(variable)
+  print("\n| stage | estimated variable bytes | placed | error |\n|---|---|---|---|")
   for k, (stage, device) in enumerate(zip(plan["split"], sorted(measured))):
     error = stage.variables / measured[device] - 1
     print(f"| {k} | {stage.variables:,} | {measured[device]:,} | {error:+.2%} |")

@@ -67,7 +67,6 @@ def main(_):
       output += first.communicate(timeout=120)[0]
       seconds = time.monotonic() - sent
       saved = re.search(r"backup saved at epoch (\d+), step (\d+)", output)
-      steps = re.findall(r"\[worker-0\] STEP (\d+) (\d+)", output)
       before = output[:output.find("SIGTERM received")]
       noticed = re.findall(r"\[worker-0\] STEP (\d+) (\d+)", before)[-1:]  # The last call.
       second = launch(config, env)

@@ -8,8 +8,8 @@ periodic averaging every 8 and 32 steps (local SGD, opt-in: compare its loss per
 synchronous training's), and one worker with all the cores instead of N workers of one core.
 
 Then the all-reduce alone over tensor sizes at each N, and the ring model T = 2(N-1) a +
-2(N-1)/N x bytes / b fitted to all of it (`planner.fit_ring`), and its prediction for 8 to 512
-workers of this host's kind (`planner.allreduce_table`).
+2(N-1)/N x bytes / b fitted to all of it (`estimates.fit_ring`), and its prediction for 8 to 512
+workers of this host's kind (`estimates.allreduce_table`).
 
   python -m benchmarks.bench_scaling [--rounds 1] [--workers 1,2,4]
 """
@@ -110,7 +110,7 @@ def main(argv):
           f"{losses[name]} |")
   if top == 1:
     return
-  from tfdist.parallel import planner
+  from tfdist.parallel import estimates
   points = []
   for n in counts[1:]:
     measured = re.findall(r"ALLREDUCE (\d+) ([\d.e+-]+)",
@@ -118,13 +118,13 @@ def main(argv):
     points += [(n, int(size), float(seconds)) for size, seconds in measured]
     print(f"\nall-reduce alone, {n} workers: " + ", ".join(
         f"{int(size) >> 10} KiB {1e3 * float(t):.2f} ms" for size, t in measured))
-  a, b = planner.fit_ring(points)
+  a, b = estimates.fit_ring(points)
   print(f"\nring model fitted to {len(points)} all-reduces: a = {1e3 * a:.3f} ms per ring step, "
         f"b = {b / 1e6:.0f} MB/s per link")
   compute = statistics.median(steps["1 worker"])
-  print(planner.allreduce_table(GRADIENT_BYTES, compute, devices=(2, 8, 16, 64, 512),
+  print(estimates.allreduce_table(GRADIENT_BYTES, compute, devices=(2, 8, 16, 64, 512),
                                 bytes_per_second=b, latency_seconds=a))
-  print(planner.allreduce_table(GRADIENT_BYTES // 2, compute, accumulation=4,
+  print(estimates.allreduce_table(GRADIENT_BYTES // 2, compute, accumulation=4,
                                 devices=(2, 8, 16, 64, 512), bytes_per_second=b,
                                 latency_seconds=a).replace("all-reduce of", "bfloat16, "
                                                            "accumulation 4: all-reduce of"))

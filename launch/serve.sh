@@ -1,7 +1,4 @@
 #!/usr/bin/env bash
-# Runs one worker or ps server of a parameter-server cluster on this host.
-#   launch/serve.sh CONFIG TYPE:INDEX        e.g. launch/serve.sh configs/parameter_server.yaml ps:0
-# TF_CONFIG, when set, gives the addresses (and the task, unless TYPE:INDEX is given).
-set -euo pipefail
-config="$1"; shift
-exec tfdist serve "$config" ${1:+--task "$1"}
+# The old name of launch/cluster_server.sh, kept for this release (0.1).
+echo "launch/serve.sh is now launch/cluster_server.sh; the old name goes in the next release" >&2
+exec "$(dirname "$0")/cluster_server.sh" "$@"

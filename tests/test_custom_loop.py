@@ -4,7 +4,6 @@ one_device, mirrored and central_storage (2 logical CPUs) and multi_worker_mirro
 processes); parameter_server converges; a cluster restarted after a killed worker resumes to an
 uninterrupted run's weights; the README's loop runs as written."""
 
-import pathlib
 import re
 import sys
 

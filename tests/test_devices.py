@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.config import DevicesConfig
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, ModelError
 from tfdist.launch import plan
 from tfdist.launch.gpus import GpuShare, share_gpus, slurm_local_task
 from tfdist.machine import facts
@@ -137,7 +137,7 @@ def test_a_split_refuses_xla_asked_for_where_auto_would_not_turn_it_on():
   from tfdist.parallel import split
   model = compiled_model()
   model.jit_compile = True  # Explicit: on this CPU Keras's "auto" resolves to False.
-  with pytest.raises(ConfigError, match="jit_compile: cannot be true on a model split"):
+  with pytest.raises(ModelError, match="jit_compile: cannot be true on a model split"):
     split(model, [["a"], ["b"]], devices=["/device:CPU:0", "/device:CPU:1"])
 
 

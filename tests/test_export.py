@@ -15,7 +15,7 @@ import yaml
 
 import tfdist
 from tfdist import ConfigError
-from tfdist.export import kubernetes, slurm
+from tfdist.job_files import kubernetes, slurm
 from tfdist.launch.backends import slurm as slurm_backend
 from tfdist.launch.plan import plan_launch
 from tfdist.launch.ports import HeldPorts
@@ -114,7 +114,7 @@ def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeyp
     assert json.loads(dict(process.env)["TF_CONFIG"]) == {
         "cluster": cluster, "task": {"type": job, "index": index}}
     assert process.serves is serves
-    assert process.argv[-5:] == (("tfdist", "serve", str(path), "--task", f"{job}:{index}")
+    assert process.argv[-5:] == (("tfdist", "cluster-server", str(path), "--task", f"{job}:{index}")
                                  if serves else ("python", "t.py"))
 
 
@@ -195,7 +195,7 @@ def test_tfjob_gives_each_replica_type_its_command_and_the_operator_its_port(wri
     assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
     assert {"name": "TFDIST_CONFIG", "value": "/etc/tfdist/config.yaml"} in container["env"]
     serves = replica_type in ("Worker", "PS")
-    assert container["command"] == (["python", "-m", "tfdist", "serve",
+    assert container["command"] == (["python", "-m", "tfdist", "cluster-server",
                                      "/etc/tfdist/config.yaml"] if serves
                                     else ["python", "train.py"])
     (volume,) = spec["template"]["spec"]["volumes"]

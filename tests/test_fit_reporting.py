@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.machine.speed import Measurement
-from tfdist.training.precision import Precision
+from tfdist.machine.precision import Precision
 from tfdist.training import report
 from tfdist.training.data import DataError, usable_count
 

@@ -1,6 +1,6 @@
 """A KerasHub GPT-2 causal LM (random weights, built from a config) split over 2 logical CPUs:
 the backbone opened down to its blocks, greedy `generate` token for token equal to the unsplit
-model's, each block's key/value cache on the block's device, and `tfdist plan --generate`
+model's, each block's key/value cache on the block's device, and `tfdist estimate --generate`
 saying that a model that does not fit one device fits two."""
 
 import subprocess
@@ -114,7 +114,7 @@ def plan(tmp_path, *flags):
   (tmp_path / "models.py").write_text(MODELS)
   (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
                                         "parallel: {stages: balanced}\n")
-  return subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", *flags],
+  return subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", *flags],
                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
 
 
@@ -155,11 +155,11 @@ def test_plan_says_the_model_does_not_fit_one_device_but_fits_two_and_the_split_
 
 @pytest.mark.parametrize("flags,line", [
     (["--model", "models:mlp", "--generate", "16"],
-     "tfdist plan: --generate: plans generation with a causal LM (KerasHub's CausalLM: "
+     "tfdist estimate: --generate: plans generation with a causal LM (KerasHub's CausalLM: "
      "call_with_cache over backbone.transformer_layers); models:mlp returns a Sequential. "
      "Received: 16"),
     (["--model", "models:mlp", "--batch", "8", "--memory", "lots"],
-     "tfdist plan: --memory: must be a size such as 16GiB, 512MiB or a number of bytes. "
+     "tfdist estimate: --memory: must be a size such as 16GiB, 512MiB or a number of bytes. "
      "Received: 'lots'"),
 ])
 def test_plan_refusals_name_the_flag(tmp_path, flags, line):

@@ -17,7 +17,7 @@ import yaml
 
 import tfdist
 from tfdist.errors import ConfigError
-from tfdist.export import kubernetes
+from tfdist.job_files import kubernetes
 
 VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 CONFIGS = {

@@ -129,7 +129,8 @@ def test_tensorflow_start_up_noise_is_turned_down(write_config, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["launch", "--help"], ["launch", "-h"],
-                                  ["export", "--help"], ["check", "-h"], ["serve", "--help"]])
+                                  ["export", "--help"], ["check", "-h"],
+                                  ["cluster-server", "--help"], ["estimate", "--help"]])
 def test_help_lists_every_flag_with_its_default(args):
   result = subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=60)
@@ -143,3 +144,21 @@ def test_help_lists_every_flag_with_its_default(args):
   if args[0] == "launch":
     for flag in ("--startup-timeout", "--grace-period", "--logs", "--keep-alive", "--fresh"):
       assert flag in result.stdout.split("flags:")[0]  # In the usage line too.
+
+
+@pytest.mark.parametrize("old, new", [("serve", "cluster-server"), ("plan", "estimate")])
+def test_a_renamed_command_still_runs_for_one_release_with_a_one_line_notice(old, new):
+  result = subprocess.run([sys.executable, "-m", "tfdist", old, "--help"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr == (f"tfdist: `tfdist {old}` is now `tfdist {new}`; the old name goes in "
+                           "the next release\n")
+  assert result.stdout.startswith(f"usage: tfdist {new} ")
+
+
+def test_a_renamed_function_still_works_for_one_release_with_a_deprecation_warning():
+  import tfdist
+  with pytest.warns(DeprecationWarning, match="tfdist.serve is now tfdist.run_cluster_server"):
+    assert tfdist.serve is tfdist.run_cluster_server
+  with pytest.warns(DeprecationWarning, match="tfdist.start_server is now"):
+    assert tfdist.start_server is tfdist.start_cluster_server

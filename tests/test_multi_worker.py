@@ -27,7 +27,7 @@ def test_parameter_server_chief_schedules_on_worker_servers(tmp_path):
   config_path = CONFIGS / "parameter_server.yaml"
   cluster = local_cluster(load_config(config_path, environ={}).cluster)
   env = {"PYTHONPATH": str(REPO)}
-  servers = [start_task(task, [sys.executable, "-m", "tfdist", "serve"], cluster, tmp_path,
+  servers = [start_task(task, [sys.executable, "-m", "tfdist", "cluster-server"], cluster, tmp_path,
                         config_path=config_path, env=env)
              for task in cluster.tasks() if task.type in ("worker", "ps")]
   chief = start_task(TaskConfig("chief", 0), [sys.executable, str(PROGRAMS / "ps_chief.py")],
@@ -39,7 +39,7 @@ def test_parameter_server_chief_schedules_on_worker_servers(tmp_path):
     assert "results=[42.0, 42.0, 42.0, 42.0]" in chief.output()
     assert all(s.process.poll() is None for s in servers), "a server died"
   for s in servers:
-    assert "tfdist serve: " in s.output()
+    assert "tfdist cluster-server: " in s.output()
 
 
 def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_converges(tmp_path):

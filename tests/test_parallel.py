@@ -232,18 +232,18 @@ def cnn():
 
 
 @pytest.mark.parametrize("make", [sequential, functional, cnn])
-def test_the_planners_bytes_per_device_match_the_variables_placed(make):
-  from tfdist.parallel import planner
+def test_the_estimated_bytes_per_device_match_the_variables_placed(make):
+  from tfdist.parallel import estimates
   from tfdist.parallel.split_model import split as split_model
   model = make()
-  plan = planner.plan_memory(model, batch=8, devices=2)
+  plan = estimates.estimate_memory(model, batch=8, devices=2)
   model = split_model(model, "balanced", devices=["/device:CPU:0", "/device:CPU:1"])
   x = np.zeros((8, *model.input_shape[1:]), np.float32)
   model.fit(x, np.zeros((8, *model.output_shape[1:]), np.float32), verbose=0)  # Builds slots.
   measured = {}
   for variable in model.weights + model.optimizer.variables:
     device = variable.value.device
-    measured[device] = measured.get(device, 0) + planner._bytes(variable)
+    measured[device] = measured.get(device, 0) + estimates._bytes(variable)
   estimated = [stage.variables for stage in plan["split"]]
   assert len(estimated) == 2 and sorted(measured) == [CPU0, CPU1]
   for estimate, device in zip(estimated, (CPU0, CPU1)):
@@ -265,7 +265,7 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
       "  return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])\n")
   (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
                                         "parallel: {stages: balanced}\n")
-  done = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+  done = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
                          "models:mlp", "--batch", "64"], cwd=tmp_path, env=ENV,
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -279,16 +279,16 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
   assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout
   assert "optimizer: not counted" not in done.stdout
-  bare = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+  bare = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
                          "models:uncompiled", "--batch", "8"], cwd=tmp_path, env=ENV,
                         capture_output=True, text=True, timeout=120)
   assert ("optimizer: not counted: models:uncompiled returns a model that is not compiled"
           in bare.stdout), bare.stdout + bare.stderr[-2000:]
-  bad = subprocess.run([sys.executable, "-m", "tfdist", "plan", "config.yaml", "--model",
+  bad = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
                         "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=120)
   assert bad.returncode == 2
-  assert bad.stderr.strip().splitlines()[-1] == ("tfdist plan: --model: must be module:function, "
+  assert bad.stderr.strip().splitlines()[-1] == ("tfdist estimate: --model: must be module:function, "
                                                  "the function that builds the model. "
                                                  "Received: 'models'")
 

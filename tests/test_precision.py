@@ -6,7 +6,7 @@ import pytest
 
 import tfdist
 from tfdist.machine import facts, speed
-from tfdist.training import precision
+from tfdist.machine import precision
 from tests.programs import equivalence_case as case
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # TensorFlow starts with the suite's devices.

@@ -12,6 +12,8 @@ the user's command: there it makes that task's strategy at once (`tfdist.strateg
 the script may build its data before calling `tfdist.fit`.
 """
 
+import warnings
+
 from tfdist.config import BatchSizes, Config, batch_sizes, load_config, replica_count
 from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
@@ -20,11 +22,24 @@ from tfdist.errors import (ConfigError, DeviceSetupError, MissingExtraError, Mod
 from tfdist.launch.liveness import start_from_environment as _beat
 from tfdist.strategy import (central_storage, cluster_resolver, configure_devices, default,
                              make_strategy, mirrored, multi_worker_mirrored, one_device,
-                             parameter_server, serve, start_server)
+                             parameter_server, run_cluster_server, start_cluster_server)
 from tfdist.strategy.startup import prepare_from_environment as _prepare
 from tfdist.training.fit import evaluate, fit, global_batch_size, predict
 
 __version__ = "0.1.0"
+__all__ = [
+    "BatchSizes", "Config", "ConfigError", "DeviceSetupError", "MissingExtraError", "ModelError",
+    "TfdistError", "TrainingLoop", "UnsupportedError", "batch_sizes", "central_storage",
+    "cluster_resolver", "configure_devices", "default", "evaluate", "fit", "global_batch_size",
+    "is_chief", "load_config", "make_strategy", "mirrored", "multi_worker_mirrored",
+    "one_device", "parameter_server", "predict", "replica_count", "run_cluster_server",
+    "start_cluster_server", "task", "tf_config_for",
+]
+"""The public API; `tfdist.launch.launch` launches a cluster from a program (`tfdist.launch` is
+the package of the launcher)."""
+
+_RENAMED = {"serve": "run_cluster_server", "start_server": "start_cluster_server"}
+"""Old names, kept for this release (0.1) with a DeprecationWarning; gone in the next."""
 
 _beat()  # A launched task tells its launcher it is alive, even while the strategy waits.
 _prepare()  # A launched task's strategy, before the script can start TensorFlow.
@@ -35,4 +50,8 @@ def __getattr__(name: str):
   if name == "TrainingLoop":
     from tfdist.training.loop import TrainingLoop
     return TrainingLoop
+  if name in _RENAMED:
+    warnings.warn(f"tfdist.{name} is now tfdist.{_RENAMED[name]}; the old name goes in the next "
+                  "release", DeprecationWarning, stacklevel=2)
+    return globals()[_RENAMED[name]]
   raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

@@ -17,7 +17,18 @@ def _short_repr(value) -> str:
 
 
 class TfdistError(Exception):
-  """Base class of tfdist's errors."""
+  """Base class of tfdist's errors: `except tfdist.TfdistError` catches every one of them.
+
+  Example:
+
+  ```python
+  import tfdist
+  try:
+    tfdist.load_config({"strategy": "mirrored", "training": {"epochs": 0}})
+  except tfdist.TfdistError as e:
+    print(e)   # <dict>: training.epochs: must be greater than 0. Received: 0
+  ```
+  """
 
 
 class ConfigError(TfdistError, ValueError):
@@ -30,6 +41,17 @@ class ConfigError(TfdistError, ValueError):
     key: the dotted key path in the config, such as `cluster.worker[1]`.
     received: the offending value; omitted when there is none to show.
     source: the file, `TF_CONFIG` or `--flag` the value came from.
+
+  Example:
+
+  ```python
+  import tfdist
+  try:
+    tfdist.load_config({"strategy": "mirored"})
+  except tfdist.ConfigError as e:
+    print(e)       # <dict>: strategy.name: must be one of default, ... Received: 'mirored'
+    print(e.key)   # strategy.name
+  ```
   """
 
   def __init__(self, rule: str, *, key: str | None = None, received=_MISSING,
@@ -48,13 +70,27 @@ class ConfigError(TfdistError, ValueError):
     return " ".join(text.split("\n"))
 
   def within(self, prefix: str) -> "ConfigError":
-    """Returns this error with its key nested under `prefix`."""
+    """This error with its key nested under `prefix` (a loader reporting a section's error).
+
+    Args:
+      prefix: the enclosing key, such as `cluster` (`worker[1]` becomes `cluster.worker[1]`).
+
+    Returns:
+      A new `ConfigError`.
+    """
     key = prefix if not self.key else (
         f"{prefix}{self.key}" if self.key.startswith("[") else f"{prefix}.{self.key}")
     return ConfigError(self.rule, key=key, received=self.received, source=self.source)
 
   def from_source(self, source: str | None) -> "ConfigError":
-    """Returns this error naming `source`, unless it already names one."""
+    """This error naming `source`, unless it already names one.
+
+    Args:
+      source: the file, `TF_CONFIG` or `--flag` the value came from; None changes nothing.
+
+    Returns:
+      A `ConfigError` (this one when nothing changes).
+    """
     if self.source or not source:
       return self
     return ConfigError(self.rule, key=self.key, received=self.received, source=source)
@@ -62,17 +98,63 @@ class ConfigError(TfdistError, ValueError):
 
 class ModelError(TfdistError, ValueError):
   """A model tfdist was given cannot be used as it is (not compiled, not built); the message
-  says what to do."""
+  says what to do.
+
+  Example:
+
+  ```python
+  import keras
+  import numpy as np
+  import tfdist
+  try:
+    tfdist.fit(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+               np.zeros((8, 4)), np.zeros((8, 1)), config={"strategy": "default"})
+  except tfdist.ModelError as e:
+    print(e)   # model_fn returned a model that is not compiled: compile it there or ...
+  ```
+  """
 
 
 class MissingExtraError(TfdistError, ImportError):
-  """A feature's optional packages are not installed; the message names the extra."""
+  """A feature's optional packages are not installed; the message names the extra to install
+  (`tfdist model-server` without aiohttp: "pip install 'tfdist[serving]'"). An `ImportError`,
+  so code that catches those catches it too.
+
+  Example:
+
+  ```python
+  import tfdist
+  assert issubclass(tfdist.MissingExtraError, ImportError)
+  ```
+  """
 
 
 class DeviceSetupError(TfdistError, RuntimeError):
-  """Devices were asked for after TensorFlow had already initialised its own."""
+  """Devices were asked for after TensorFlow had already initialised its own.
+
+  Example:
+
+  ```python
+  import tensorflow as tf
+  import tfdist
+  tf.constant(1.0)   # TensorFlow initialises its devices here.
+  try:
+    tfdist.mirrored(logical_cpus=3)
+  except tfdist.DeviceSetupError as e:
+    print(e)   # devices.logical_cpus: must be applied before TensorFlow initialises ...
+  ```
+  """
 
 
 class UnsupportedError(TfdistError, RuntimeError):
   """A call that TensorFlow or Keras cannot run under this strategy; the message names the
-  call that does the same and works."""
+  call that does the same and works (`model.predict` under parameter_server: "call
+  tfdist.predict(model, x)"). A `RuntimeError`, as TensorFlow's own errors of this kind are.
+
+  Example:
+
+  ```python
+  import tfdist
+  assert issubclass(tfdist.UnsupportedError, RuntimeError)
+  ```
+  """

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 import tfdist
-from tfdist.strategy.factory import as_config
+from tfdist.config.loader import as_config
 
 EPOCHS = 3
 GLOBAL_BATCH = 32

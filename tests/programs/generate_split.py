@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
-from tfdist.parallel import placement, planner, split
+from tfdist.parallel import placement, estimates, split
 
 tfdist.make_strategy(tfdist.load_config())  # Sets up the config's devices.
 layers, width = int(sys.argv[1]), int(sys.argv[2])
@@ -25,7 +25,7 @@ with tf.device("/CPU:0"):  # Host memory: the whole model fits no single device.
       intermediate_dim=4 * width, max_sequence_length=256)
   causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 devices = placement.stage_devices_here()
-plan = planner.plan_generation(causal_lm, batch=4, length=256, devices=len(devices))
+plan = estimates.estimate_generation(causal_lm, batch=4, length=256, devices=len(devices))
 print("PLAN", *(f"{m.total / 2 ** 20:.0f}" for m in plan["split"]), flush=True)
 split(causal_lm, "balanced", devices=devices)
 causal_lm.compile(sampler="greedy")

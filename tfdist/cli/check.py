@@ -43,7 +43,7 @@ def _shares(config: Config, host_gpus) -> dict:
 def render(config: Config, local_gpus: int, policy=None, host_gpus=()) -> str:
   """The report `tfdist check` prints: normalised config, TF_CONFIG per task, batch sizes, and
   the dtype policy `training.mixed_precision` means on this machine (`policy`, a
-  `training.precision.Precision`)."""
+  `machine.precision.Precision`)."""
   lines = [f"{config.source or 'config'}: valid", "", "normalised config:"]
   lines += ["  " + line for line in yaml.safe_dump(config_to_dict(config), sort_keys=False)
             .splitlines()]
@@ -84,7 +84,7 @@ def gpu_shares(config: Config, host_gpus) -> str:
 
 def _policy(config: Config):
   from tfdist.config import rules
-  from tfdist.training.precision import policy_for
+  from tfdist.machine.precision import policy_for
   return policy_for(config.training.mixed_precision,
                     loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
 

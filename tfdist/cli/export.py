@@ -22,7 +22,7 @@ FLAGS = flags.FLAGS
 
 
 def run(args: list[str], task: str | None) -> int:
-  from tfdist.export import kubernetes, slurm
+  from tfdist.job_files import kubernetes, slurm
 
   del task  # Every task is exported.
   if len(args) < 2:
@@ -53,7 +53,7 @@ def _serving(args: list[str]) -> int:
   if len(args) != 2:
     raise SystemExit(f"usage: {USAGE}")
   model, _ = require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
-  from tfdist.serving.export import export_for_serving
+  from tfdist.serving.saved_model import export_for_serving
   saved = export_for_serving(model, args[1], max_batch_size=FLAGS["max-batch-size"].value,
                              max_wait_ms=FLAGS["max-wait-ms"].value)
   print(f"tfdist export serving: wrote {saved} (reloaded, equal) and "

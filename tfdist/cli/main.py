@@ -11,30 +11,38 @@ import sys
 
 from absl import app, flags, logging
 
-from tfdist.cli import (check, env, export, launch, model_server, plan, serve,
+from tfdist.cli import (check, cluster_server, env, estimate, export, launch, model_server,
                         tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
 from tfdist.machine import banners
 
 EXIT_USAGE = 2
-IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "plan", "serve"}
-COMMANDS = {"check": check, "launch": launch, "serve": serve, "export": export,
-            "tensorboard": tensorboard, "env": env, "plan": plan, "model-server": model_server}
+IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "estimate", "cluster-server"}
+COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server, "export": export,
+            "tensorboard": tensorboard, "env": env, "estimate": estimate,
+            "model-server": model_server}
+RENAMED = {"serve": "cluster-server", "plan": "estimate"}
+"""Old spellings, kept for this release (0.1) with a notice; gone in the next."""
 
 
+_SUMMARIES = (
+    ("launch", "start every task of the config's cluster (or this host's task), supervised"),
+    ("check", "validate a config and show what it will do"),
+    ("env", "this machine's facts for a bug report; with a config, every task's"),
+    ("estimate", "memory per device under data parallelism and a split, what fits, and\n"
+                 "all-reduce time from 2 to 512 devices"),
+    ("export", "an sbatch script or Kubernetes manifests for the cluster, or a SavedModel\n"
+               "for TensorFlow Serving"),
+    ("tensorboard", "TensorBoard on a run's logs, on 127.0.0.1"),
+    ("cluster-server", "a worker or ps server of a parameter-server cluster"),
+    ("model-server", "a .keras file or SavedModel over HTTP (TF Serving's REST), batched"),
+)
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
-        "commands:\n"
-        "  launch   start every task of the config's cluster (or this host's task), supervised\n"
-        "  check    validate a config and show what it will do\n"
-        "  serve    run a worker or ps server of a parameter-server cluster\n"
-        "  export   print an sbatch script or Kubernetes manifests for the cluster, or a\n"
-        "           SavedModel for serving\n"
-        "  tensorboard  TensorBoard on a run's logs, on 127.0.0.1\n"
-        "  env      this machine's facts for a bug report; with a config, every task's\n"
-        "  plan     memory per device under data parallelism and a split; what fits\n"
-        "  model-server  a .keras file or SavedModel over HTTP (TF Serving's REST), batched\n\n"
-        "`tfdist COMMAND --help` lists a command's flags with their defaults.")
+        "commands:\n" +
+        "".join(f"  {name:<16}" + summary.replace("\n", "\n" + " " * 18) + "\n"
+                for name, summary in _SUMMARIES) +
+        "\n`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 
 def _usage() -> str:
@@ -83,7 +91,18 @@ def run(argv: list[str]) -> int:
     return EXIT_USAGE
 
 
+def renamed(argv: list[str]) -> list[str]:
+  """`argv` with an old command spelling replaced by its new name, and a one-line notice."""
+  if len(argv) > 1 and argv[1] in RENAMED:
+    new = RENAMED[argv[1]]
+    print(f"tfdist: `tfdist {argv[1]}` is now `tfdist {new}`; the old name goes in the next "
+          "release", file=sys.stderr)
+    return [argv[0], new, *argv[2:]]
+  return argv
+
+
 def main() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines, for this CLI.
   define_flags()
+  sys.argv = renamed(sys.argv)
   app.run(run, flags_parser=_parse_flags)

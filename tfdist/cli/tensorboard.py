@@ -8,14 +8,13 @@ import signal
 
 from absl import flags
 
-from tfdist.errors import ConfigError
 
 USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
 FLAGS = flags.FLAGS
 
 
 def run(args: list[str], task: str | None) -> int:
-  from tfdist.monitoring.server import required_log_dir, start_tensorboard
+  from tfdist.monitoring.tensorboard_server import required_log_dir, start_tensorboard
 
   del task
   if len(args) != 1:

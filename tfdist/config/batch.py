@@ -20,6 +20,15 @@ class BatchSizes:
     replicas: replicas that each take a share of a step's batch.
     global_batch_size: examples per step over all replicas; None when the config gives none.
     per_replica_batch_size: examples per step on each replica; None likewise.
+
+  Example:
+
+  ```python
+  import tfdist
+  sizes = tfdist.batch_sizes(tfdist.load_config({"training": {"global_batch_size": 64}})
+                             .training, replicas=2)
+  print(sizes)   # BatchSizes(replicas=2, global_batch_size=64, per_replica_batch_size=32)
+  ```
   """
   replicas: int
   global_batch_size: int | None
@@ -33,8 +42,19 @@ def replica_count(config: Config, local_gpus: int = 0) -> int:
     config: a validated config.
     local_gpus: GPUs on each machine (every machine of a cluster is assumed alike).
 
-  A parameter-server step runs on one worker at a time, so its replicas are that worker's
-  devices; logical CPU devices count only for the single-machine strategies that use them.
+  Returns:
+    The replica count. A parameter-server step runs on one worker at a time, so its replicas
+    are that worker's devices; logical CPU devices count only for the single-machine
+    strategies that use them.
+
+  Example:
+
+  ```python
+  import tfdist
+  config = tfdist.load_config({"strategy": "multi_worker_mirrored",
+                               "cluster": {"worker": 4}})
+  tfdist.replica_count(config, local_gpus=2)   # 8
+  ```
   """
   options, name = config.strategy.options, config.strategy.name
   local = local_gpus or max(config.devices.logical_cpus, 1)
@@ -52,8 +72,25 @@ def replica_count(config: Config, local_gpus: int = 0) -> int:
 def batch_sizes(training: TrainingConfig, replicas: int) -> BatchSizes:
   """Derives the global and per-replica batch sizes from whichever the config gives.
 
+  Args:
+    training: the config's `training` section (`global_batch_size` or
+      `per_replica_batch_size`).
+    replicas: the strategy's replica count (`replica_count`, or the strategy's
+      `num_replicas_in_sync`).
+
+  Returns:
+    A `BatchSizes`.
+
   Raises:
     ConfigError: the global batch does not split evenly over the replicas.
+
+  Example:
+
+  ```python
+  import tfdist
+  training = tfdist.load_config({"training": {"per_replica_batch_size": 16}}).training
+  tfdist.batch_sizes(training, replicas=4).global_batch_size   # 64
+  ```
   """
   global_batch, per_replica = training.global_batch_size, training.per_replica_batch_size
   if per_replica is not None:

@@ -66,9 +66,13 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str 
   Raises:
     ConfigError: a rule is broken; the message is one line naming the source and key.
 
+  Example:
+
   ```python
+  import tfdist
   config = tfdist.load_config("configs/mirrored.yaml")
-  strategy = tfdist.make_strategy(config)
+  worker = tfdist.load_config({"strategy": "multi_worker_mirrored", "cluster": {"worker": 2}},
+                              task="worker:1")
   ```
   """
   environ = os.environ if environ is None else environ

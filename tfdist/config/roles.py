@@ -20,6 +20,18 @@ def is_chief(config: ConfigLike = None) -> bool:
 
   Args:
     config: a `Config` or what `tfdist.load_config` takes; None reads the launched task's.
+
+  Returns:
+    True in the process that writes the run's files (checkpoints, logs, the saved model).
+
+  Example:
+
+  ```python
+  import tfdist
+  cluster = {"strategy": "multi_worker_mirrored", "cluster": {"worker": 2}}
+  tfdist.is_chief({**cluster, "task": {"type": "worker", "index": 0}})   # True
+  tfdist.is_chief({**cluster, "task": {"type": "worker", "index": 1}})   # False
+  ```
   """
   config = as_config(config)
   task = config.task
@@ -31,7 +43,23 @@ def is_chief(config: ConfigLike = None) -> bool:
 
 
 def task(config: ConfigLike = None) -> TaskConfig | None:
-  """This process's task (`.type`, `.index`), or None outside a cluster."""
+  """This process's task.
+
+  Args:
+    config: a `Config` or what `tfdist.load_config` takes; None reads the launched task's.
+
+  Returns:
+    Its `TaskConfig` (`.type`, `.index`, `.name`), or None outside a cluster.
+
+  Example:
+
+  ```python
+  import tfdist
+  task = tfdist.task({"strategy": "multi_worker_mirrored", "cluster": {"worker": 2},
+                      "task": {"type": "worker", "index": 1}})
+  print(task.type, task.index)   # worker 1
+  ```
+  """
   return as_config(config).task
 
 

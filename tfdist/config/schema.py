@@ -364,6 +364,14 @@ class Config:
     tensorboard: TensorBoard settings.
     parallel: a model split over devices.
     source: where the config came from (a path, `TF_CONFIG`, `<dict>`), for messages.
+
+  Example:
+
+  ```python
+  import tfdist
+  config = tfdist.load_config("configs/mirrored.yaml")   # a frozen, validated Config
+  print(config.strategy.name, config.training.global_batch_size)
+  ```
   """
   cluster: ClusterConfig = ClusterConfig()
   task: TaskConfig | None = None

@@ -89,8 +89,22 @@ def cluster_spec(cluster: ClusterConfig, *, include_evaluator: bool = True) -> d
 def tf_config_for(cluster: ClusterConfig, task: TaskConfig) -> dict:
   """The TF_CONFIG document of one task: the whole cluster, and the task.
 
+  Args:
+    cluster: the config's cluster, with addresses.
+    task: the task whose document it is.
+
+  Returns:
+    The TF_CONFIG document as a dict (`json.dumps` it into TF_CONFIG).
+
+  Example:
+
   ```python
-  tf_config_for(cluster, TaskConfig("worker", 1))
+  import tfdist
+  config = tfdist.load_config({
+      "strategy": "multi_worker_mirrored",
+      "cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
+      "task": {"type": "worker", "index": 1}})
+  tfdist.tf_config_for(config.cluster, config.task)
   # {'cluster': {'worker': ['127.0.0.1:2222', '127.0.0.1:2223']},
   #  'task': {'type': 'worker', 'index': 1}}
   ```

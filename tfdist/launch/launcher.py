@@ -4,7 +4,7 @@ plan is made (and so checked) before anything starts, the supervisor starts and 
 with the backend's `start`, and the backend hears how it ended.
 
 ```python
-from tfdist.launch.launcher import LaunchOptions, launch
+from tfdist.launch import LaunchOptions, launch
 outcome = launch("configs/multi_worker_mirrored.yaml", ["python", "train.py"],
                  LaunchOptions(max_restarts=1))
 ```
@@ -40,6 +40,15 @@ class LaunchOptions:
     logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
     verbose: show every task's output, not only the chief's.
     tensorboard: start TensorBoard on the config's log directory beside the cluster.
+
+  Example:
+
+  ```python
+  from tfdist.launch import LaunchOptions, launch
+  plan = launch("configs/multi_worker_mirrored.yaml", ["python", "train.py"],
+                LaunchOptions(dry_run=True))
+  print(plan.describe())   # each task's command, TF_CONFIG and log, nothing started
+  ```
   """
   task: str | None = None
   backend: object = "local"
@@ -71,9 +80,15 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
   Raises:
     ConfigError: a bad config, task or command, found before anything starts.
 
+  Example:
+
   ```python
-  outcome = launch("mwms.yaml", ["python", "train.py"], LaunchOptions(verbose=True))
-  sys.exit(outcome.code)
+  import sys
+  from tfdist.launch import LaunchOptions, launch
+  outcome = launch("configs/multi_worker_mirrored.yaml",
+                   [sys.executable, "-c", "import tfdist; print(tfdist.task())"],
+                   LaunchOptions(verbose=True, startup_timeout=60))
+  print(outcome.code, outcome.message)   # 0 every task ended 0
   ```
   """
   from tfdist.launch import backends, plan, ports, supervisor
@@ -133,7 +148,7 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
 
 def _start_tensorboard(config):
   """Starts TensorBoard on the config's log directory; returns its stop function."""
-  from tfdist.monitoring.server import start_tensorboard, required_log_dir
+  from tfdist.monitoring.tensorboard_server import start_tensorboard, required_log_dir
 
   log_dir = required_log_dir(config, "for --tensorboard")
   url, stop = start_tensorboard(log_dir)

@@ -96,7 +96,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     log_dir: where each process's log goes (`<type>-<index>.log`).
     ports: one free port per task, for a cluster given by counts (a local cluster).
     task: run only this task (one role on this host of a real cluster); None runs them all.
-    python: the interpreter that runs `tfdist serve` for parameter-server servers.
+    python: the interpreter that runs `tfdist cluster-server` for parameter-server servers.
     fresh: training starts over instead of resuming from its backup (`TFDIST_FRESH=1`).
     gpus: this host's visible GPUs (`machine.facts.visible_gpus`): each task gets its share
       (`launch.gpus.share_gpus`) as `CUDA_VISIBLE_DEVICES`.
@@ -126,7 +126,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   shares = host_shares(config, gpus, task=task, local_task=local_task)
   for t in shares:
     serves = runs_server(config, t.type)
-    argv = ((python, "-m", "tfdist", "serve", config_path, "--task", f"{t.type}:{t.index}")
+    argv = ((python, "-m", "tfdist", "cluster-server", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
            (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
@@ -183,7 +183,7 @@ def require_command(command: Sequence[str], cli: str) -> None:
 
 
 def runs_server(config: Config, job: str) -> bool:
-  """True for the tasks that run `tfdist serve` instead of the user's command: the workers and
+  """True for the tasks that run `tfdist cluster-server` instead of the user's command: the workers and
   ps of a parameter-server cluster."""
   return config.strategy.name == "parameter_server" and job in ("worker", "ps")
 

@@ -24,7 +24,7 @@ def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
   import tensorflow as tf
 
   from tfdist.machine import facts
-  from tfdist.training.precision import policy_for
+  from tfdist.machine.precision import policy_for
 
   build = tf.sysconfig.get_build_info()
   gpus = [{"name": gpu["name"], "compute_capability": ".".join(map(str, gpu["compute_capability"]))}

@@ -1,5 +1,5 @@
 """Model parallelism: one model split over devices (placement, pipelining, tensor parallel,
-hybrid with data parallelism across workers) and the memory planner.
+hybrid with data parallelism across workers), and the memory each way needs.
 
 ```python
 from tfdist.parallel import split
@@ -7,4 +7,7 @@ split(model, "balanced", devices=["/device:GPU:0", "/device:GPU:1"], microbatche
 ```
 """
 
-from tfdist.parallel.split_model import split  # noqa: F401  (the public entry point)
+from tfdist.parallel.estimates import estimate_generation, estimate_memory
+from tfdist.parallel.split_model import split
+
+__all__ = ["estimate_generation", "estimate_memory", "split"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, ModelError
 from tfdist.parallel import generation, pipeline, placement
 
 
@@ -49,23 +49,36 @@ def split(model, stages: Any = "balanced", *, devices: Sequence[str] | None = No
       (`hybrid.Hybrid.mean_gradients` averages them across workers).
 
   Raises:
-    ConfigError: `jit_compile=True` where Keras's "auto" would not turn it on (XLA cannot
+    ModelError: `jit_compile=True` where Keras's "auto" would not turn it on (XLA cannot
       reach variables on another device; where "auto" turns it on, on a GPU, it is turned off
-      with a notice), an unknown device or layer, stages out of order.
+      with a notice).
+    ConfigError: an unknown device or layer, stages out of order.
 
   Returns:
     `model`, split.
 
+  Example:
+
   ```python
-  causal_lm = split(causal_lm, "balanced", devices=["/device:GPU:0", "/device:GPU:1"])
-  causal_lm.generate({"token_ids": ids, "padding_mask": mask}, stop_token_ids=None)
+  import keras
+  import numpy as np
+  from tfdist.parallel import split
+  model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
+                            keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
+  model = split(model, "balanced", devices=["/device:CPU:0", "/device:CPU:1"],
+                microbatches=2)   # GPUs: ["/device:GPU:0", "/device:GPU:1"]
+  model.compile(optimizer="adam", loss="mse")
+  model.fit(np.random.rand(64, 16), np.random.rand(64, 1), batch_size=16, verbose=0)
   ```
+
+  A KerasHub causal LM generates split the same way:
+  `split(causal_lm, "balanced", devices=[...])`, then `causal_lm.generate(...)`.
   """
   if model.jit_compile is True:
     if not model._resolve_auto_jit_compile():  # Asked for: Keras's "auto" is off here.
-      raise ConfigError("cannot be true on a model split over devices: XLA compiles for one "
-                        "device and cannot reach variables on another", key="jit_compile",
-                        received=True)
+      raise ModelError("jit_compile: cannot be true on a model split over devices: XLA "
+                       "compiles for one device and cannot reach variables on another; compile "
+                       "it without jit_compile. Received: jit_compile=True")
     # Keras's default jit_compile="auto" turns XLA on where a GPU is present, and a compiled
     # model no longer says whether it was asked for: a split model runs without it.
     print("tfdist: jit_compile off for the model split over devices (Keras's \"auto\" "

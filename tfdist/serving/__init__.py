@@ -6,4 +6,7 @@ predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=2)
 ```
 """
 
-from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull  # noqa: F401
+from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull
+from tfdist.serving.saved_model import export_for_serving
+
+__all__ = ["BatchingPredictor", "DeadlineExceeded", "QueueFull", "export_for_serving"]

@@ -29,11 +29,41 @@ from tfdist.serving.model import ServedModel
 
 
 class QueueFull(RuntimeError):
-  """The predictor's queue is full: try again later (HTTP 429)."""
+  """The predictor's queue is full: try again later (HTTP 429).
+
+  Example:
+
+  ```python
+  import keras
+  import numpy as np
+  from tfdist.serving import BatchingPredictor, QueueFull
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  predictor = BatchingPredictor(model, max_queue=1)
+  try:
+    futures = [predictor.submit(np.ones((1, 4), "float32")) for _ in range(1000)]
+  except QueueFull as e:
+    print(e)   # queue full (1 requests waiting)
+  predictor.close()
+  ```
+  """
 
 
 class DeadlineExceeded(TimeoutError):
-  """A request's deadline passed before it ran; it was not run."""
+  """A request's deadline passed before it ran; it was not run (HTTP 504).
+
+  Example:
+
+  ```python
+  import keras
+  import numpy as np
+  from tfdist.serving import BatchingPredictor, DeadlineExceeded
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  predictor = BatchingPredictor(model)
+  futures = [predictor.submit(np.ones((1, 4), "float32"), timeout=0.0) for _ in range(100)]
+  expired = sum(isinstance(f.exception(), DeadlineExceeded) for f in futures)
+  predictor.close()
+  ```
+  """
 
 
 @dataclasses.dataclass
@@ -55,6 +85,24 @@ class BatchingPredictor:
     allowed_batch_sizes: the batch sizes traced at warm-up; a batch is padded to the next one
       (default: powers of 2 up to `max_batch_size`, and it).
     max_queue: requests waiting at most; beyond it `submit` raises `QueueFull` at once.
+
+  Raises:
+    ValueError: `allowed_batch_sizes` does not end at `max_batch_size`.
+
+  Example:
+
+  ```python
+  import concurrent.futures
+  import keras
+  import numpy as np
+  from tfdist.serving import BatchingPredictor
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=2)
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:   # 8 callers, batched together
+    outputs = list(pool.map(predictor.predict, [np.ones((1, 4), "float32")] * 64))
+  print(sum(predictor.stats.batches.values()), "batches for 64 requests")
+  predictor.close()
+  ```
   """
 
   def __init__(self, model, *, max_batch_size: int = 32, max_wait_ms: float = 2.0,
@@ -78,7 +126,16 @@ class BatchingPredictor:
     self._thread.start()
 
   def submit(self, inputs, *, timeout: float | None = None) -> concurrent.futures.Future:
-    """Queues `inputs` (rows of the model's input(s)); returns a future of its outputs.
+    """Queues `inputs` for the next batch.
+
+    Args:
+      inputs: rows of the model's input: an array, or a list or dict of arrays for a model
+        of several inputs.
+      timeout: seconds the request may wait to run; after that its future raises
+        `DeadlineExceeded` (it is not run). None waits as long as it takes.
+
+    Returns:
+      A `concurrent.futures.Future` of the outputs (an array, or a list of arrays).
 
     Raises:
       ValueError: inputs of the wrong shape or dtype (the request alone fails).
@@ -112,11 +169,23 @@ class BatchingPredictor:
     return request.future
 
   def predict(self, inputs, *, timeout: float | None = None):
-    """The outputs of `inputs` (`submit(...).result()`), waiting at most `timeout` seconds.
+    """The outputs of `inputs`: `submit(inputs, timeout=timeout).result()`.
 
     A lone caller (nothing queued or running) runs at once on its own thread: handing it to
     the batching thread would only add the hand-off (a GPU measured the lone caller's p50 at
     0.97 ms batched against 0.63 ms alone).
+
+    Args:
+      inputs: rows of the model's input, as for `submit`.
+      timeout: seconds the request may wait to run, as for `submit`.
+
+    Returns:
+      The outputs: an array, or a list of arrays for a model of several outputs.
+
+    Raises:
+      ValueError: inputs of the wrong shape or dtype.
+      QueueFull: the queue is full.
+      DeadlineExceeded: the request waited `timeout` seconds without running.
     """
     arrays = self.model.check(inputs)
     rows = len(arrays[0])
@@ -136,6 +205,7 @@ class BatchingPredictor:
       self._answered(None)
 
   def close(self) -> None:
+    """Stops the batching thread; requests submitted after raise RuntimeError."""
     with self._lock:
       self._closed = True
     self._queue.put(None)  # Wakes the loop.

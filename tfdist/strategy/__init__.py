@@ -1,7 +1,7 @@
 """Validated config → cluster resolver → `tf.distribute` strategy."""
 
 from tfdist.strategy.devices import configure_devices
-from tfdist.strategy.factory import (as_config, central_storage, default, make_strategy, mirrored,
+from tfdist.strategy.factory import (central_storage, default, make_strategy, mirrored,
                                      multi_worker_mirrored, one_device, parameter_server)
 from tfdist.strategy.resolver import cluster_resolver
-from tfdist.strategy.server import serve, start_server
+from tfdist.strategy.cluster_server import run_cluster_server, start_cluster_server

@@ -20,12 +20,20 @@ def configure_devices(devices: DevicesConfig) -> None:
 
   Idempotent: asking again for the set-up already in force does nothing.
 
+  Args:
+    devices: the config's `devices` section (`config.devices`).
+
   Raises:
-    DeviceSetupError: TensorFlow initialised its devices before this call, otherwise.
+    DeviceSetupError: TensorFlow initialised its devices before this call, otherwise; or
+      `logical_gpus` without a memory size nvidia-smi or the config gives.
+
+  Example:
 
   ```python
-  configure_devices(DevicesConfig(logical_cpus=2))   # first thing, before any op
-  tf.config.list_logical_devices("CPU")              # CPU:0 and CPU:1
+  import tensorflow as tf
+  import tfdist
+  tfdist.configure_devices(tfdist.load_config({"devices": {"logical_cpus": 2}}).devices)
+  tf.config.list_logical_devices("CPU")   # CPU:0 and CPU:1
   ```
   """
   import tensorflow as tf

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from tfdist.config import loader, rules
-from tfdist.config.loader import ConfigLike, as_config  # noqa: F401  (re-exported)
+from tfdist.config.loader import ConfigLike, as_config
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.errors import ConfigError, DeviceSetupError
 from tfdist.strategy.devices import (RUN_TENSORFLOW_LATER, configure_devices, replica_devices,
@@ -42,10 +42,14 @@ def make_strategy(config: ConfigLike = None):
     ConfigError: the task runs a server rather than a strategy, or the cluster is incomplete.
     DeviceSetupError: devices were configured too late.
 
+  Example:
+
   ```python
+  import keras
+  import tfdist
   strategy = tfdist.make_strategy("configs/mirrored.yaml")
   with strategy.scope():
-    model = make_model()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
   ```
   """
   config = as_config(config)
@@ -68,7 +72,7 @@ def _make(config: Config):
     return tf.distribute.get_strategy()
   if name == "parameter_server" and task is not None and task.type != "chief":
     raise ConfigError(f"{task} of a parameter_server cluster runs a server, not a strategy: "
-                      "call tfdist.serve(config) there (tfdist launch does)", key="task",
+                      "call tfdist.run_cluster_server(config) there (tfdist launch does)", key="task",
                       received=str(task), source=config.source)
   return _BUILDERS[name](config.strategy.options, config)
 
@@ -82,12 +86,40 @@ def _with_strategy(name: str, options: Mapping[str, Any], config: ConfigLike) ->
 
 
 def default():
-  """TensorFlow's default strategy: one device, no distribution."""
+  """TensorFlow's default strategy: one device, no distribution.
+
+  Returns:
+    `tf.distribute.get_strategy()` outside any scope.
+
+  Example:
+
+  ```python
+  import tfdist
+  tfdist.default().num_replicas_in_sync   # 1
+  ```
+  """
   return make_strategy(_with_strategy("default", {}, {}))
 
 
 def one_device(device: str | None = None):
-  """`tf.distribute.OneDeviceStrategy` on `device` (None: the first GPU, else the CPU)."""
+  """`tf.distribute.OneDeviceStrategy`: every variable and step on one device.
+
+  Args:
+    device: a device name; None means the first GPU, else the CPU.
+
+  Returns:
+    The strategy.
+
+  Raises:
+    ConfigError: `device` is not a device name.
+
+  Example:
+
+  ```python
+  import tfdist
+  strategy = tfdist.one_device("/cpu:0")
+  ```
+  """
   return make_strategy(_with_strategy("one_device", {"device": device}, {}))
 
 
@@ -102,8 +134,19 @@ def mirrored(devices=(), cross_device_ops: str = "auto", *, logical_cpus: int = 
     gradient_compression: none, bfloat16 or float16: the dtype `tfdist.fit` all-reduces
       gradients in.
 
+  Returns:
+    The strategy.
+
+  Raises:
+    ConfigError: an option breaks its rule (the same rules as the YAML's).
+    DeviceSetupError: `logical_cpus` asked for after TensorFlow initialised its devices.
+
+  Example:
+
   ```python
+  import tfdist
   strategy = tfdist.mirrored(logical_cpus=2)   # 2 replicas on a machine without GPUs
+  strategy.num_replicas_in_sync                # 2
   ```
   """
   options = {"devices": list(devices), "cross_device_ops": cross_device_ops,
@@ -120,6 +163,20 @@ def central_storage(compute_devices=(), parameter_device: str | None = None, *,
     compute_devices: device names; empty means every GPU, else every logical CPU.
     parameter_device: where variables live; None lets TensorFlow choose.
     logical_cpus: split the CPU into this many devices first.
+
+  Returns:
+    The strategy: each step on every compute device, the variables on the parameter device.
+
+  Raises:
+    ConfigError: a device name or count that breaks the YAML's rules.
+    DeviceSetupError: the CPU split asked for once TensorFlow runs.
+
+  Example:
+
+  ```python
+  import tfdist
+  strategy = tfdist.central_storage(logical_cpus=2, parameter_device="/cpu:0")
+  ```
   """
   options = {"compute_devices": list(compute_devices), "parameter_device": parameter_device}
   return make_strategy(_with_strategy(
@@ -138,6 +195,22 @@ def multi_worker_mirrored(communication: str = "auto", timeout_seconds: float | 
     config: where the cluster and task come from; None reads TF_CONFIG (checked first).
     gradient_compression: none, bfloat16 or float16: the dtype `tfdist.fit` all-reduces
       gradients in.
+
+  Returns:
+    The strategy; without a cluster (no TF_CONFIG, no `cluster` section), one worker.
+
+  Raises:
+    ConfigError: an option breaks its rule, or the cluster has no addresses or no task.
+    DeviceSetupError: made after TensorFlow ran something (its collectives must be set up
+      first).
+
+  Example:
+
+  ```python
+  import tfdist
+  # Under `tfdist launch`, the launched task's cluster; here, one worker.
+  strategy = tfdist.multi_worker_mirrored(communication="ring")
+  ```
   """
   options = {"communication": communication, "timeout_seconds": timeout_seconds,
              "bytes_per_pack": bytes_per_pack, "gradient_compression": gradient_compression}
@@ -152,6 +225,26 @@ def parameter_server(max_shards: int = 1, min_shard_bytes: int = 256 << 10, *,
     max_shards: split large variables over at most this many ps tasks (1: no sharding).
     min_shard_bytes: the smallest shard worth making.
     config: where the cluster and task come from; None reads TF_CONFIG (checked first).
+
+  Returns:
+    The strategy, connected to the cluster's workers and ps tasks.
+
+  Raises:
+    ConfigError: an option breaks its rule; no cluster; or this task is a worker or ps (those
+      run `tfdist.run_cluster_server`).
+
+  Example:
+
+  ```python
+  import portpicker
+  import tfdist
+  cluster = {role: [f"127.0.0.1:{portpicker.pick_unused_port()}"]
+             for role in ("chief", "worker", "ps")}
+  config = {"strategy": "parameter_server", "cluster": cluster}
+  servers = [tfdist.start_cluster_server({**config, "task": {"type": role, "index": 0}})
+             for role in ("worker", "ps")]   # Other hosts, in a real cluster.
+  strategy = tfdist.parameter_server(config={**config, "task": {"type": "chief", "index": 0}})
+  ```
   """
   options = {"max_shards": max_shards, "min_shard_bytes": min_shard_bytes}
   return make_strategy(_with_strategy("parameter_server", options, config))

@@ -13,13 +13,32 @@ from tfdist.strategy.devices import local_gpu_count
 
 
 def cluster_resolver(config: Config):
-  """Returns a `SimpleClusterResolver` for the config's cluster and task.
+  """The cluster resolver a strategy takes, made from the config (TF_CONFIG is never read by
+  TensorFlow itself: the config merged and checked it).
 
-  An empty cluster gives an empty resolver: a strategy's single-machine mode. The evaluator is left out of the training tasks' cluster: a parameter-server coordinator
-  dials every task and would wait forever for it.
+  Args:
+    config: a validated `Config`.
+
+  Returns:
+    A `tf.distribute.cluster_resolver.SimpleClusterResolver` for the config's cluster and task,
+    counting this machine's GPUs. An empty cluster gives an empty resolver: a strategy's
+    single-machine mode. The evaluator is left out of the training tasks' cluster: a
+    parameter-server coordinator dials every task and would wait forever for it.
 
   Raises:
     ConfigError: the cluster has no addresses yet, or the task is not set.
+
+  Example:
+
+  ```python
+  import tfdist
+  config = tfdist.load_config({
+      "strategy": "multi_worker_mirrored",
+      "cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
+      "task": {"type": "worker", "index": 0}})
+  resolver = tfdist.cluster_resolver(config)
+  print(resolver.task_type, resolver.task_id)   # worker 0
+  ```
   """
   import tensorflow as tf
 

@@ -15,7 +15,8 @@ from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError, ModelError
-from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
+from tfdist.config.loader import ConfigLike, as_config
+from tfdist.strategy.factory import make_strategy
 
 
 def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigLike = None,
@@ -26,7 +27,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
 
   The same call serves every task of a cluster: under the sync strategies every task trains;
   under parameter_server the chief runs tfdist's coordinator loop (the workers and ps run
-  `tfdist serve`); an `evaluator` task evaluates each checkpoint the chief writes on
+  `tfdist cluster-server`); an `evaluator` task evaluates each checkpoint the chief writes on
   `validation_data` and logs the results for TensorBoard instead of training.
 
   Args:
@@ -56,10 +57,19 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
 
   Raises:
     ConfigError: the config asks for something its strategy cannot do.
+    ModelError: `model_fn`'s model is not compiled and `compile` is not given.
+
+  Example:
 
   ```python
-  history = tfdist.fit(make_model, x, y, config="configs/mirrored.yaml",
-                       compile=dict(optimizer="adam", loss="mse"))
+  import keras
+  import numpy as np
+  import tfdist
+  x, y = np.random.rand(256, 4).astype("float32"), np.random.rand(256, 1).astype("float32")
+  def make_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  history = tfdist.fit(make_model, x, y, config="configs/mirrored.yaml", epochs=2,
+                       compile=dict(optimizer="adam", loss="mse"), verbose=0)
   model = history.model
   ```
   """
@@ -224,16 +234,17 @@ def _build(model_fn, compile, strategy, config: Config, hybrid=None):
   """The model built and compiled in the strategy's scope, with tfdist's speed knobs, split
   over devices when the config says (`hybrid`: averaging gradients across workers); returns
   it, its `precision.Precision` and the name of the optimizer whose update is fused (or None)."""
-  from tfdist.training import fused_updates, precision, report
+  from tfdist.machine import precision
+  from tfdist.training import dtype_policy, fused_updates, report
 
   training = config.training
   # Outside the scope: `auto`'s probe runs plain tensors on this process's device.
   chosen = precision.policy_for(training.mixed_precision,
                                 loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
   with strategy.scope():
-    with precision.building_with(chosen.policy):
+    with dtype_policy.building_with(chosen.policy):
       model = model_fn()
-    precision.keep_outputs_float32(model)
+    dtype_policy.keep_outputs_float32(model)
     if compile is not None:
       model.compile(**(compile() if callable(compile) else compile))
     elif not model.compiled:
@@ -278,8 +289,15 @@ def global_batch_size(config: ConfigLike = None) -> int:
   Raises:
     ConfigError: the config gives neither.
 
+  Example:
+
   ```python
-  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(tfdist.global_batch_size())
+  import numpy as np
+  import tensorflow as tf
+  import tfdist
+  x, y = np.random.rand(256, 4), np.random.rand(256, 1)
+  batch = tfdist.global_batch_size("configs/mirrored.yaml")
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
   ```
   """
   config = as_config(config)
@@ -298,10 +316,29 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
 
   Args:
     model: the model (`history.model`).
-    x, y: as for `tfdist.fit`'s `train_data` and `y`.
+    x: as for `tfdist.fit`'s `train_data`.
+    y: as for `tfdist.fit`'s `y`.
     config: gives the batch size when `batch_size` is not passed.
     batch_size: the global batch size for numpy input.
     **evaluate_kwargs: keyword arguments of `Model.evaluate`.
+
+  Returns:
+    What `Model.evaluate` returns: the loss, or a list with the metrics (a dict with
+    `return_dict=True`).
+
+  Example:
+
+  ```python
+  import keras
+  import numpy as np
+  import tfdist
+  x, y = np.random.rand(256, 4).astype("float32"), np.random.rand(256, 1).astype("float32")
+  def make_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  model = tfdist.fit(make_model, x, y, config="configs/mirrored.yaml", epochs=1, verbose=0,
+                     compile=dict(optimizer="adam", loss="mse", metrics=["mae"])).model
+  loss, mae = tfdist.evaluate(model, x, y, config="configs/mirrored.yaml", verbose=0)
+  ```
   """
   from tfdist.training import data, keras_fixes
 
@@ -339,8 +376,24 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
     stream: (fast path) an iterator of output batches instead of the whole output.
     **predict_kwargs: keyword arguments of `Model.predict`.
 
+  Raises:
+    ConfigError: `out` or `stream` with an input or Keras argument the fast path cannot take.
+
+  Returns:
+    The predictions as a numpy array (`out` itself when given one; a memory-mapped array for a
+    `.npy` path), or with `stream=True` an iterator of batches.
+
+  Example:
+
   ```python
-  tfdist.predict(model, x, batch_size=1024, out="predictions.npy")
+  import keras
+  import numpy as np
+  import tfdist
+  with tfdist.make_strategy("configs/mirrored.yaml").scope():   # or tfdist.fit's model
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  predictions = tfdist.predict(model, np.random.rand(256, 4).astype("float32"),
+                               batch_size=64, out="predictions.npy")
+  predictions.shape   # (256, 1)
   ```
   """
   import tensorflow as tf

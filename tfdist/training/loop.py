@@ -53,8 +53,10 @@ from tfdist.config.loader import FRESH_ENV
 from tfdist.config import rules
 from tfdist.config.roles import is_chief
 from tfdist.errors import ConfigError
-from tfdist.strategy.factory import ConfigLike, as_config, make_strategy
-from tfdist.training import (checkpoints, data, keras_fixes, precision, replica_math,
+from tfdist.config.loader import ConfigLike, as_config
+from tfdist.strategy.factory import make_strategy
+from tfdist.machine import precision
+from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
                              report)
 
 
@@ -71,6 +73,38 @@ class TrainingLoop:
       the per-replica size times the replicas); None when the config gives neither.
     is_chief: whether this task writes checkpoints and prints (`print`).
     step: optimizer steps run so far (restored with a checkpoint).
+
+  Example:
+
+  ```python
+  import keras
+  import numpy as np
+  import tensorflow as tf
+  import tfdist
+  x = np.random.rand(256, 8).astype("float32")
+  y = np.random.randint(0, 3, 256)
+  loop = tfdist.TrainingLoop({"strategy": {"name": "mirrored"},
+                              "devices": {"logical_cpus": 2},
+                              "training": {"global_batch_size": 32}})
+  with loop.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    optimizer = keras.optimizers.Adam(1e-3)
+  loop.prepare(model, optimizer)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+  def train_step(x, y):   # as for one device
+    with tf.GradientTape() as tape:
+      loss = loss_fn(y, model(x, training=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    return {"loss": loss}
+
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(loop.global_batch_size)
+  for epoch in loop.epochs(2):
+    for logs in loop.run(train_step, dataset):
+      pass
+    loop.print(f"epoch {epoch}: loss {logs['loss']:.4f}")
+  ```
   """
 
   def __init__(self, config: ConfigLike = None):
@@ -100,7 +134,7 @@ class TrainingLoop:
     """The strategy's scope: build the model, optimizer and metrics inside it. Layers made
     inside compute in the config's `training.mixed_precision` (what `auto` measured here);
     `prepare` keeps a model's output layers float32."""
-    with self.strategy.scope(), precision.building_with(self.precision.policy):
+    with self.strategy.scope(), dtype_policy.building_with(self.precision.policy):
       yield
 
   def prepare(self, *objects):
@@ -124,7 +158,7 @@ class TrainingLoop:
     models = [o for o in objects if isinstance(o, keras.Model)]
     for obj in objects:
       if isinstance(obj, keras.Model):
-        precision.keep_outputs_float32(obj)
+        dtype_policy.keep_outputs_float32(obj)
         self._tracked[f"model_{len(self._tracked)}"] = obj
       elif isinstance(obj, keras.optimizers.Optimizer):
         self._prepare_optimizer(obj, models)
@@ -185,6 +219,10 @@ class TrainingLoop:
     Yields:
       A dict of numpy values (a step returning one value: `{"output": value}`), the last
       step's of each call.
+
+    Raises:
+      ConfigError: the dataset is batched by another size than `global_batch_size`; or, under
+        parameter_server, neither `steps` nor the dataset's length is known.
     """
     data.require_batched_by(dataset, self.global_batch_size, "dataset")
     if self.global_batch_size is None:  # The config gives none: the dataset's own batch.
@@ -331,8 +369,12 @@ class TrainingLoop:
 
   def save(self) -> str | None:
     """Checkpoints the prepared models and optimizers, the step, the epoch and the steps into it
-    under `checkpoint.dir/loop` (every task saves; only the chief's files are kept); None
-    without a `checkpoint.dir`."""
+    under `checkpoint.dir/loop` (every task saves; only the chief's files are kept). `epochs`
+    calls it at each epoch's end.
+
+    Returns:
+      The checkpoint's path, or None without a `checkpoint.dir`.
+    """
     if not self.config.checkpoint.dir:
       return None
     with self._checkpoint_manager() as manager:
@@ -340,8 +382,12 @@ class TrainingLoop:
       return manager.save(checkpoint_number=self.step)
 
   def restore(self) -> bool:
-    """Restores the newest checkpoint of `checkpoint.dir/loop`, if any; returns whether it
-    did. A fresh start (`tfdist launch --fresh`, `TFDIST_FRESH=1`) removes them instead."""
+    """Restores the newest checkpoint of `checkpoint.dir/loop`, if any. A fresh start
+    (`tfdist launch --fresh`, `TFDIST_FRESH=1`) removes them instead. `epochs` calls it first.
+
+    Returns:
+      Whether a checkpoint was restored.
+    """
     directory = self._directory()
     if directory and os.environ.get(FRESH_ENV) == "1":
       if self.is_chief:

@@ -15,7 +15,7 @@ from typing import TextIO
 
 import keras
 
-from tfdist.training import precision as precision_lib
+from tfdist.machine import precision as precision_lib
 
 
 def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,

@@ -1,4 +1,4 @@
-"""`tfdist plan CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`: bytes
+"""`tfdist estimate CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`: bytes
 per device (weights, gradients, optimizer state, activations) of the model under data
 parallelism and split over the config's devices, whether it fits the devices, and what to use.
 With `--generate`, the same for a causal LM generating sequences of LENGTH tokens: weights,
@@ -15,7 +15,7 @@ from absl import flags
 
 from tfdist.errors import ConfigError
 
-USAGE = ("tfdist plan CONFIG --model module:function [--batch B] [--generate LENGTH] "
+USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--generate LENGTH] "
          "[--memory 16GiB]")
 FLAGS = flags.FLAGS
 
@@ -29,7 +29,7 @@ def run(args: list[str], task: str | None) -> int:
   config = load_config(args[0], task=task)
   model_fn = _model_fn(FLAGS.model)
   configure_devices(config.devices)
-  from tfdist.parallel import placement, planner
+  from tfdist.parallel import placement, estimates
 
   devices = list(config.parallel.devices) or placement.stage_devices_here()
   length = FLAGS.generate
@@ -45,7 +45,7 @@ def run(args: list[str], task: str | None) -> int:
     order = placement.stage_devices(assignment)
     stages = [order.index(device) for device in assignment.values()]
   names = ", ".join(d.split("device:")[-1] for d in devices)
-  capacity = capacity or planner.device_capacity(devices[0])
+  capacity = capacity or estimates.device_capacity(devices[0])
   source = "--memory" if FLAGS.memory else "this machine's"
   if length:
     from tfdist.parallel import generation
@@ -53,27 +53,27 @@ def run(args: list[str], task: str | None) -> int:
       raise ConfigError("plans generation with a causal LM (KerasHub's CausalLM: "
                         f"call_with_cache over backbone.transformer_layers); {FLAGS.model} "
                         f"returns a {type(model).__name__}", key="--generate", received=length)
-    plan = planner.plan_generation(model, batch=batch, length=length, devices=len(devices),
+    plan = estimates.estimate_generation(model, batch=batch, length=length, devices=len(devices),
                                    stages=stages)
     print(f"{type(model).__name__} of {model.count_params():,} parameters generating {batch} "
           f"sequence(s) of {length} tokens, {len(devices)} device(s): {names}")
     if capacity:
-      print(f"each device: {planner.readable(capacity)} ({source})")
-    print(planner.render_generation(plan, capacity=capacity))
+      print(f"each device: {estimates.readable(capacity)} ({source})")
+    print(estimates.render_generation(plan, capacity=capacity))
     return 0
-  plan = planner.plan_memory(model, batch=batch, devices=len(devices), stages=stages)
+  plan = estimates.estimate_memory(model, batch=batch, devices=len(devices), stages=stages)
   print(f"{type(model).__name__} of {model.count_params():,} parameters, global batch {batch}, "
         f"{len(devices)} device(s): {names}")
   if capacity:
-    print(f"each device: {planner.readable(capacity)} ({source})")
-  print(planner.render(plan, capacity=capacity))
+    print(f"each device: {estimates.readable(capacity)} ({source})")
+  print(estimates.render(plan, capacity=capacity))
   if getattr(model, "optimizer", None) is None:
     print(f"optimizer: not counted: {FLAGS.model} returns a model that is not compiled, so its "
           "optimizer is unknown; compile it there to count its state (Adam keeps 2 bytes per "
           "weight byte, momentum SGD 1)")
-  print(planner.allreduce_table(plan["data_parallel"].gradients,
+  print(estimates.allreduce_table(plan["data_parallel"].gradients,
                                 accumulation=config.training.gradient_accumulation_steps))
-  print(planner.gpu_advice(model, batch))
+  print(estimates.gpu_advice(model, batch))
   return 0
 
 

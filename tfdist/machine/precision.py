@@ -1,5 +1,5 @@
-"""Mixed precision: which Keras dtype policy the config's `training.mixed_precision` means on
-this machine, applied while the model is built, with the output layers kept in float32.
+"""Which Keras dtype policy the config's `training.mixed_precision` means on this machine
+(applied while the model is built by `tfdist.training.dtype_policy`).
 
 `auto` is decided by measurement (`tfdist.machine.speed`): the half type this device supports
 (bfloat16 on GPUs of compute capability >= 8.0 and CPUs with AVX-512 BF16 or AMX, float16 with
@@ -9,7 +9,6 @@ faster in it than in float32 here, else float32.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Iterable, Sequence
 
@@ -112,8 +111,7 @@ def policy_for(mode: str, loss_scaling: bool = True, measure=None) -> Precision:
 
   ```python
   precision = policy_for("auto")
-  with building_with(precision.policy):
-    model = make_model()
+  print(precision.describe())   # "float32" or "mixed_bfloat16 (bfloat16 measured ...)"
   ```
   """
   if mode != "auto":
@@ -123,30 +121,3 @@ def policy_for(mode: str, loss_scaling: bool = True, measure=None) -> Precision:
     return Precision(mode, FLOAT32)
   measurement = speed.half_speedup(half, measure=measure)
   return Precision(mode, choose_policy(mode, half, measurement.speedup), measurement)
-
-
-@contextlib.contextmanager
-def building_with(policy: str):
-  """Layers made inside use `policy`; Keras's global policy is restored after."""
-  import keras
-  previous = keras.config.dtype_policy()
-  keras.config.set_dtype_policy(policy)
-  try:
-    yield
-  finally:
-    keras.config.set_dtype_policy(previous)
-
-
-def keep_outputs_float32(model) -> None:
-  """Gives the layers that produce `model`'s outputs the float32 policy, as the Keras mixed
-  precision guide asks (a bfloat16/float16 softmax or logits lose precision, and
-  MultiWorkerMirrored cannot gather bfloat16 predictions). Models without symbolic outputs
-  (subclassed) are left as written: their last layer should say dtype="float32"."""
-  try:
-    outputs = model.outputs
-  except (AttributeError, ValueError):
-    return
-  for output in outputs or ():
-    layer = output._keras_history.operation
-    if layer.dtype_policy.compute_dtype != FLOAT32:
-      layer.dtype_policy = FLOAT32

@@ -22,11 +22,36 @@ import tensorflow as tf
 
 def export_for_serving(model, out_dir: str, *, max_batch_size: int = 32,
                        max_wait_ms: float = 2.0, tolerance: float = 1e-5) -> str:
-  """Writes the SavedModel and batching parameters; returns the SavedModel's directory.
+  """Writes a SavedModel for TensorFlow Serving (`tfdist export serving`), with the batching
+  parameters that batch as tfdist's `BatchingPredictor` does, and checks it reloads to the same
+  outputs.
+
+  Args:
+    model: a Keras model or a `.keras` file.
+    out_dir: the model's base directory: the SavedModel is version `1` in it, beside
+      `batching_parameters.txt` (`tensorflow_model_server --enable_batching
+      --batching_parameters_file=...`).
+    max_batch_size: rows per batch at most.
+    max_wait_ms: how long a batch may wait for more requests.
+    tolerance: the largest difference allowed between the reloaded SavedModel's outputs and
+      the model's.
+
+  Returns:
+    The SavedModel's directory (`out_dir/1`).
 
   Raises:
     ValueError: the reloaded SavedModel's outputs differ from the model's by over
       `tolerance`, or the model has no known inputs.
+
+  Example:
+
+  ```python
+  import keras
+  from tfdist.serving import export_for_serving
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  saved = export_for_serving(model, "served/regressor", max_batch_size=64)
+  print(saved)   # served/regressor/1
+  ```
   """
   import keras
 
@@ -38,14 +63,14 @@ def export_for_serving(model, out_dir: str, *, max_batch_size: int = 32,
   specs = [tf.TensorSpec((None, *i.shape), i.dtype, name=i.name) for i in served.inputs]
   names = [o.name for o in served.outputs]
 
-  def serve(*tensors):
+  def serving_default(*tensors):
     x = tensors[0] if len(tensors) == 1 else list(tensors)
     outputs = tf.nest.flatten(keras_model(x, training=False))
     return dict(zip(names, outputs))
 
   archive = keras.export.ExportArchive()
   archive.track(keras_model)
-  archive.add_endpoint("serving_default", serve, input_signature=specs)
+  archive.add_endpoint("serving_default", serving_default, input_signature=specs)
   saved = os.path.join(out_dir, "1")
   archive.write_out(saved, verbose=False)
   with open(os.path.join(out_dir, "batching_parameters.txt"), "w") as f:

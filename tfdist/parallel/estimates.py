@@ -7,11 +7,11 @@ activations kept for the backward pass (each layer's output for the device's bat
 parallelism (mirrored, multi_worker_mirrored) holds everything on every device with the batch
 split; a split holds each stage's share with the whole batch going through.
 
-Generation (`plan_generation`), per device: weights, the key/value cache of its blocks, and
+Generation (`estimate_generation`), per device: weights, the key/value cache of its blocks, and
 the working memory of the first pass over the prompts (twice the largest layer output).
 
 ```python
-plan = plan_memory(model, batch=256, devices=2)
+plan = estimate_memory(model, batch=256, devices=2)
 print(render(plan, capacity=16 << 30))
 ```
 """
@@ -73,7 +73,7 @@ def slots_per_weight(optimizer) -> float:
   return state / _bytes(probe)
 
 
-def plan_memory(model, batch: int, devices: int, stages: list[int] | None = None) -> dict:
+def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = None) -> dict:
   """{"data_parallel": DeviceMemory per device, "split": [DeviceMemory per stage]}.
 
   Args:
@@ -81,6 +81,23 @@ def plan_memory(model, batch: int, devices: int, stages: list[int] | None = None
     batch: the global batch.
     devices: the devices to train on.
     stages: each layer's stage (default: `balanced_stages` of the weights over `devices`).
+
+  Returns:
+    A dict: "data_parallel" (the `DeviceMemory` of each device), "split" (one `DeviceMemory`
+    per stage), "stages" (each layer's stage) and "layers" (their names); `render` prints it.
+
+  Example:
+
+  ```python
+  import keras
+  from tfdist.parallel import estimate_memory
+  from tfdist.parallel.estimates import render
+  model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024),
+                            keras.layers.Dense(10)])
+  model.compile(optimizer="adam", loss="mse")
+  estimate = estimate_memory(model, batch=256, devices=2)
+  print(render(estimate, capacity=16 << 30))
+  ```
   """
   from tfdist.parallel.placement import balanced_stages
 
@@ -127,7 +144,7 @@ class GenerationMemory:
     return self.weights + self.cache + self.activations
 
 
-def plan_generation(model, batch: int, length: int, devices: int,
+def estimate_generation(model, batch: int, length: int, devices: int,
                     stages: list[int] | None = None) -> dict:
   """{"unsplit": GenerationMemory on one device, "split": [GenerationMemory per stage]} for a
   KerasHub causal LM generating `batch` sequences of up to `length` tokens.
@@ -140,11 +157,20 @@ def plan_generation(model, batch: int, length: int, devices: int,
     stages: each unit's stage (default: `balanced_stages` of the weights over `devices`).
 
   Returns:
-    The plan, with "stages" and "layers" (unit names) as `plan_memory` gives them.
+    The plan, with "stages" and "layers" (unit names) as `estimate_memory` gives them.
+
+  Example:
 
   ```python
-  plan = plan_generation(causal_lm, batch=4, length=256, devices=2)
-  print(render_generation(plan, capacity=16 << 30))
+  import keras_hub
+  from tfdist.parallel import estimate_generation
+  from tfdist.parallel.estimates import render_generation
+  backbone = keras_hub.models.GPT2Backbone(vocabulary_size=1000, num_layers=4, num_heads=4,
+                                           hidden_dim=64, intermediate_dim=128,
+                                           max_sequence_length=256)
+  causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+  estimate = estimate_generation(causal_lm, batch=4, length=256, devices=2)
+  print(render_generation(estimate, capacity=16 << 30))
   ```
   """
   from tfdist.parallel import generation, placement

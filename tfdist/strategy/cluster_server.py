@@ -1,4 +1,5 @@
-"""The server a worker or ps task of a parameter-server cluster runs instead of a script."""
+"""The cluster server (a `tf.distribute.Server`) a worker or ps task of a parameter-server
+cluster runs instead of a script: `tfdist cluster-server`."""
 
 from __future__ import annotations
 
@@ -9,21 +10,36 @@ from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
 from tfdist.launch.ports import accepts
 from tfdist.strategy.devices import configure_devices
-from tfdist.strategy.factory import ConfigLike, as_config
+from tfdist.config.loader import ConfigLike, as_config
 
 CHIEF_GONE_SECONDS = 30.0
 """A server ends (exit 0) once the chief it served has been unreachable this long: the job is
 done (or its chief failed, which its own launcher reports), so every engine sees the job end."""
 
 
-def start_server(config: ConfigLike = None):
+def start_cluster_server(config: ConfigLike = None):
   """Starts the `tf.distribute.Server` of the config's task and returns it.
 
   Args:
     config: a `Config`, or anything `tfdist.load_config` takes (None reads the environment).
 
+  Returns:
+    The started `tf.distribute.Server` (`.join()` it, or let it serve while the process lives).
+
   Raises:
     ConfigError: the config has no addressed cluster or no task.
+
+  Example:
+
+  ```python
+  import portpicker
+  import tfdist
+  cluster = {role: [f"127.0.0.1:{portpicker.pick_unused_port()}"]
+             for role in ("chief", "worker", "ps")}
+  server = tfdist.start_cluster_server({"strategy": "parameter_server", "cluster": cluster,
+                                        "task": {"type": "ps", "index": 0}})
+  print(server.target)   # grpc://127.0.0.1:...
+  ```
   """
   import tensorflow as tf
 
@@ -41,16 +57,35 @@ def start_server(config: ConfigLike = None):
       job_name=task.type, task_index=task.index, protocol="grpc", start=True)
 
 
-def serve(config: ConfigLike = None, chief_gone_seconds: float = CHIEF_GONE_SECONDS) -> None:
+def run_cluster_server(config: ConfigLike = None, chief_gone_seconds: float = CHIEF_GONE_SECONDS) -> None:
   """Runs the config's worker or ps server until its chief has come and gone (unreachable for
   `chief_gone_seconds` after it was reachable); without a chief, until the process is stopped.
+  `tfdist launch` runs it (as `tfdist cluster-server`) in a parameter-server cluster's worker
+  and ps tasks.
+
+  Args:
+    config: a `Config`, or anything `tfdist.load_config` takes (None reads the environment).
+    chief_gone_seconds: how long the chief may be unreachable, once seen, before the job counts
+      as done.
+
+  Raises:
+    ConfigError: the config has no addressed cluster or no task.
+
+  Example:
 
   ```python
-  tfdist.serve("ps_cluster.yaml")   # in a ps or worker task; returns when the job is done
+  import threading
+  import portpicker
+  import tfdist
+  chief, worker, ps = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
+  config = tfdist.load_config({"strategy": "parameter_server", "cluster": {
+      "chief": [chief], "worker": [worker], "ps": [ps]}}, task="ps:0")
+  # A ps task's whole program; here in a thread: the chief never comes, so it serves on.
+  threading.Thread(target=tfdist.run_cluster_server, args=(config,), daemon=True).start()
   ```
   """
   config = as_config(config)
-  server = start_server(config)
+  server = start_cluster_server(config)
   chiefs = (config.cluster.addresses or {}).get("chief", ())
   if not chiefs:
     server.join()
@@ -62,6 +97,6 @@ def serve(config: ConfigLike = None, chief_gone_seconds: float = CHIEF_GONE_SECO
     elif seen:
       gone_since = gone_since or time.monotonic()
       if time.monotonic() - gone_since >= chief_gone_seconds:
-        print(f"tfdist serve: the chief at {chief} is gone for {chief_gone_seconds:g} s: the "
+        print(f"tfdist cluster-server: the chief at {chief} is gone for {chief_gone_seconds:g} s: the "
               "job is done; stopping", flush=True)
         return

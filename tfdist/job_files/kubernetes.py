@@ -180,7 +180,7 @@ def _tfjob(config, command, *, name, image, namespace, port, storage) -> list[di
   counts_only = dataclasses.replace(config.cluster, addresses=None)
   replicas = {}
   for job in config.cluster.jobs:
-    argv = (["python", "-m", "tfdist", "serve", CONFIG_PATH] if runs_server(config, job)
+    argv = (["python", "-m", "tfdist", "cluster-server", CONFIG_PATH] if runs_server(config, job)
             else command)
     container = {"name": "tensorflow",  # The name the training operator gives TF_CONFIG to.
                  "image": image, "command": argv,

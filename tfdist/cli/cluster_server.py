@@ -1,0 +1,19 @@
+"""`tfdist cluster-server [CONFIG] [--task TYPE:INDEX]`: run a worker or ps server of a
+parameter-server cluster until stopped."""
+
+from __future__ import annotations
+
+from tfdist.config import load_config
+from tfdist.strategy.cluster_server import run_cluster_server
+
+USAGE = "tfdist cluster-server [CONFIG] [--task TYPE:INDEX]"
+
+
+def run(args: list[str], task: str | None) -> int:
+  if len(args) > 1:
+    raise SystemExit(f"usage: {USAGE}")
+  config = load_config(args[0] if args else None, task=task)
+  if config.task is not None:  # Else the server says what is missing.
+    print(f"tfdist cluster-server: {config.task} of {config.source or 'TF_CONFIG'}", flush=True)
+  run_cluster_server(config)
+  return 0
