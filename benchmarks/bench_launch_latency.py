@@ -38,7 +38,7 @@ def with_launcher(config: str) -> float:
 def by_hand(config: str) -> float:
   from tfdist.config import load_config
   from tfdist.config.tf_config import tf_config_json
-  from tfdist.launch.ports import free_ports
+  from tfdist.machine.ports import free_ports
   from tfdist.config.tf_config import with_local_addresses
   cluster = load_config(config, environ={}).cluster
   start = time.time()

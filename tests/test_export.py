@@ -18,7 +18,7 @@ from tfdist import ConfigError
 from tfdist.job_files import kubernetes, slurm
 from tfdist.launch.backends import slurm as slurm_backend
 from tfdist.launch.plan import plan_launch
-from tfdist.launch.ports import HeldPorts
+from tfdist.machine.ports import HeldPorts
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV
 PS_CLUSTER = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"

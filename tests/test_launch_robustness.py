@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tfdist.launch.ports import free_ports
+from tfdist.machine.ports import free_ports
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV, finish, read_until, start_launch
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tests.conftest import PROGRAMS
 from tests.launching import finish, start_launch
-from tfdist.errors import ConfigError
+from tfdist.errors import ConfigError, ModelError
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 CPU0, CPU1 = "/job:localhost/replica:0/task:0/device:CPU:0", \
@@ -172,17 +172,17 @@ def test_column_and_row_parallel_dense_equal_dense():
   assert model.evaluate(X, Y, verbose=0) < before
 
 
-@pytest.mark.parametrize("change,key", [
-    (lambda m: setattr(m, "jit_compile", True) or m, "jit_compile"),
-    (lambda m: m, "parallel.devices"),
-    (lambda m: m, "parallel.stages"),
+@pytest.mark.parametrize("change,key,error_type", [
+    (lambda m: setattr(m, "jit_compile", True) or m, "jit_compile", ModelError),
+    (lambda m: m, "parallel.devices", ConfigError),
+    (lambda m: m, "parallel.stages", ConfigError),
 ])
-def test_split_refusals_name_the_setting(change, key):
+def test_split_refusals_name_the_setting(change, key, error_type):
   model = change(sequential())
   devices = ["/device:CPU:0", "/device:GPU:3"] if key == "parallel.devices" else None
   stages = [["c"], ["a"]] if key == "parallel.stages" else [["a"], ["b", "c"]]
   from tfdist.parallel.split_model import split as split_model
-  with pytest.raises(ConfigError) as error:
+  with pytest.raises(error_type) as error:
     split_model(model, stages, devices=devices or ["/device:CPU:0", "/device:CPU:1"])
   assert str(error.value).startswith(key) or f" {key}:" in str(error.value), str(error.value)
 

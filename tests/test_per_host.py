@@ -3,7 +3,7 @@ parameter-server cluster whose ps and workers serve until the chief is done, the
 
 import sys
 
-from tfdist.launch.ports import free_ports
+from tfdist.machine.ports import free_ports
 from tests.conftest import PROGRAMS
 from tests.launching import finish, start_launch
 

@@ -44,7 +44,7 @@ def _every_task(config_path: str) -> dict[str, dict]:
   from tfdist.config import load_config
   from tfdist.config.tf_config import tf_config_json, with_local_addresses
   from tfdist.errors import ConfigError
-  from tfdist.launch.ports import free_ports
+  from tfdist.machine.ports import free_ports
 
   from tfdist.monitoring import environment
 

@@ -91,7 +91,8 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
   print(outcome.code, outcome.message)   # 0 every task ended 0
   ```
   """
-  from tfdist.launch import backends, plan, ports, supervisor
+  from tfdist.launch import backends, plan, supervisor
+  from tfdist.machine import ports
   from tfdist.machine import facts
 
   backend = (backends.get(options.backend) if isinstance(options.backend, str)

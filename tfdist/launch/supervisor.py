@@ -23,7 +23,7 @@ from tfdist.launch import liveness
 from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
 from tfdist.exit_codes import PREEMPTED
-from tfdist.launch.ports import accepts
+from tfdist.machine.ports import accepts
 
 # Exit codes of `tfdist launch`.
 OK = 0

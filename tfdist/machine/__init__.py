@@ -1,3 +1,3 @@
-"""Facts about the machine this process runs on, and measurements of it: CPU features, GPUs,
-and which precision trains faster here. Below every room that uses them; imports nothing of
-tfdist's."""
+"""This machine, below every room that uses it: facts and measurements (CPU features, GPUs,
+which precision trains faster here), free ports, and how a child process is started. Imports
+nothing of tfdist's above it."""

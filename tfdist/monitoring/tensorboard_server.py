@@ -16,8 +16,8 @@ import tempfile
 import time
 from typing import Callable
 
-from tfdist.launch.liveness import start_as_child
-from tfdist.launch.ports import accepts
+from tfdist.machine.children import start_as_child
+from tfdist.machine.ports import accepts
 
 
 def start_tensorboard(log_dir: str, *, port: int = 0, bind_all: bool = False,

@@ -8,7 +8,7 @@ import time
 
 from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
-from tfdist.launch.ports import accepts
+from tfdist.machine.ports import accepts
 from tfdist.strategy.devices import configure_devices
 from tfdist.config.loader import ConfigLike, as_config
 

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping, Sequence
 from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import ClusterConfig, TaskConfig
 from tfdist.config.tf_config import tf_config_json, with_local_addresses
-from tfdist.launch.ports import free_ports
+from tfdist.machine.ports import free_ports
 
 
 def local_cluster(cluster: ClusterConfig) -> ClusterConfig:

@@ -8,7 +8,7 @@ import subprocess
 from typing import Mapping
 
 from tfdist.config.loader import parse_task_flag
-from tfdist.launch import liveness
+from tfdist.machine import children
 from tfdist.launch.backends import Discovery
 
 NAME = "local"
@@ -26,7 +26,7 @@ def start(process) -> subprocess.Popen:
   as one), output piped to the supervisor, the parent-death signal armed, signals unblocked."""
   return subprocess.Popen(process.argv, env=process.environ(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          start_new_session=True, preexec_fn=liveness.start_as_child)
+                          start_new_session=True, preexec_fn=children.start_as_child)
 
 
 def finish(outcome, environ: Mapping[str, str]) -> None:

@@ -55,12 +55,11 @@ def free_ports(count: int) -> list[int]:
 
 
 def accepts(address: str, timeout: float = 0.2) -> bool:
-  """True when a TCP connection to `host:port` succeeds: the task's server is up."""
-  from tfdist.config.tf_config import split_address
-
-  host, port = split_address(address)
+  """True when a TCP connection to `host:port` (`[v6]:port`; checked by the config) succeeds:
+  the task's server is up."""
+  host, _, port = address.rpartition(":")
   try:
-    with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
       return True
   except OSError:
     return False
