@@ -118,7 +118,7 @@ def plan(tmp_path, *flags):
                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
 
 
-def test_plan_says_the_model_does_not_fit_one_device_but_fits_two_and_the_split_agrees(
+def test_estimate_says_the_model_does_not_fit_one_device_but_fits_two_and_the_split_agrees(
     tmp_path):
   done = plan(tmp_path, "--model", "models:sized", "--generate", "128", "--batch", "4",
               "--memory", "24MiB")
@@ -162,7 +162,7 @@ def test_plan_says_the_model_does_not_fit_one_device_but_fits_two_and_the_split_
      "tfdist estimate: --memory: must be a size such as 16GiB, 512MiB or a number of bytes. "
      "Received: 'lots'"),
 ])
-def test_plan_refusals_name_the_flag(tmp_path, flags, line):
+def test_estimate_refusals_name_the_flag(tmp_path, flags, line):
   done = plan(tmp_path, *flags)
   assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == line, done.stderr
 

@@ -46,7 +46,8 @@ def test_parameter_server_plan_starts_servers_first(write_config, tmp_path):
   assert plan.restart_scope == "task"
   assert [p.name for p in plan.processes] == ["worker-0", "worker-1", "ps-0", "chief-0",
                                               "evaluator-0"]
-  assert plan.processes[2].argv == ("py", "-m", "tfdist", "cluster-server", str(path), "--task", "ps:0")
+  assert plan.processes[2].argv == ("py", "-m", "tfdist", "cluster-server", str(path), "--task",
+                                    "ps:0")
   assert plan.processes[3].argv == plan.processes[4].argv == ("python", "train.py")
   assert plan.processes[4].address is None  # An evaluator serves nothing.
 

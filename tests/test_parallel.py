@@ -251,7 +251,7 @@ def test_the_estimated_bytes_per_device_match_the_variables_placed(make):
   assert plan["data_parallel"].variables == sum(estimated)
 
 
-def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
+def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   import subprocess
   from tests.launching import ENV
   (tmp_path / "models.py").write_text(
@@ -288,8 +288,9 @@ def test_tfdist_plan_prints_the_table_and_a_recommendation(tmp_path):
                         "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=120)
   assert bad.returncode == 2
-  assert bad.stderr.strip().splitlines()[-1] == ("tfdist estimate: --model: must be module:function, "
-                                                 "the function that builds the model. "
+  assert bad.stderr.strip().splitlines()[-1] == ("tfdist estimate: --model: must be "
+                                                 "module:function, the function that builds "
+                                                 "the model. "
                                                  "Received: 'models'")
 
 

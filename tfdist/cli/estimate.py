@@ -1,5 +1,5 @@
-"""`tfdist estimate CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`: bytes
-per device (weights, gradients, optimizer state, activations) of the model under data
+"""`tfdist estimate CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`:
+bytes per device (weights, gradients, optimizer state, activations) of the model under data
 parallelism and split over the config's devices, whether it fits the devices, and what to use.
 With `--generate`, the same for a causal LM generating sequences of LENGTH tokens: weights,
 key/value cache and working memory, on one device and split."""
