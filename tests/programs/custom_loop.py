@@ -4,6 +4,9 @@ per-example loss, `tape.gradient`, `optimizer.apply_gradients`, a Keras accuracy
 
     python custom_loop.py OUT_DIR [keras_loss|reduce_mean] [EXIT_AFTER_EPOCH]
 
+With PAUSE_AT=EPOCH:CALL, the chief of a first attempt prints PAUSED after that call of that
+epoch (1-based) and waits until OUT_DIR/go exists: a test preempts it there.
+
 Under the launcher's config; the chief writes OUT_DIR/result.npz (weights, per-epoch loss and
 accuracy). With EXIT_AFTER_EPOCH=k, worker-1 of a first attempt (no OUT_DIR/crashed marker)
 SIGKILLs itself after epoch k, so a test can check the restarted cluster resumes.
@@ -12,6 +15,7 @@ SIGKILLs itself after epoch k, so a test can check the restarted cluster resumes
 import os
 import signal
 import sys
+import time
 
 import keras
 import numpy as np
@@ -64,6 +68,7 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
     total, calls = 0.0, 0
     for logs in loop.run(train_step, dataset, steps=len(x) // loop.global_batch_size):
       total, calls = total + float(logs["loss"]), calls + 1
+      _pause_if_asked(out, epoch + 1, calls)
     losses.append(total / calls)
     accuracies.append(float(accuracy.result()))
     accuracy.reset_state()
@@ -73,6 +78,16 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
       open(os.path.join(out, "crashed"), "w").close()
       os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
   return [w.numpy() for w in model.weights], losses, accuracies
+
+
+def _pause_if_asked(out, epoch, call):
+  if os.environ.get("PAUSE_AT") != f"{epoch}:{call}" or not tfdist.is_chief() or \
+      os.path.exists(os.path.join(out, "paused")):
+    return
+  open(os.path.join(out, "paused"), "w").close()
+  print("PAUSED", flush=True)
+  while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.05)
 
 
 if __name__ == "__main__":

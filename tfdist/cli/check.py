@@ -14,6 +14,7 @@ import yaml
 from tfdist.config import (LOCALHOST, batch_sizes, config_to_dict, load_config, replica_count,
                            tf_config_for)
 from tfdist.config.schema import Config
+from tfdist.errors import ConfigError
 
 USAGE = "tfdist check [CONFIG] [--task TYPE:INDEX]"
 
@@ -22,12 +23,17 @@ def run(args: list[str], task: str | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
+  from tfdist.training import settings
+  settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
   from tfdist.machine import facts
   host_gpus = facts.visible_gpus()
   gpus = _gpus_if_needed(config)
   if host_gpus:  # A task sees its share of the host's GPUs (CUDA_VISIBLE_DEVICES).
     gpus = min(gpus, max(len(s.devices) for s in _shares(config, host_gpus).values()))
-  print(render(config, gpus, _policy(config), host_gpus=host_gpus))
+  try:
+    print(render(config, gpus, _policy(config), host_gpus=host_gpus))
+  except ConfigError as e:  # The replica count's rules (batch.py) know no file: name it.
+    raise e.from_source(config.source) from None
   return 0
 
 

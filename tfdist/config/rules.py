@@ -125,11 +125,6 @@ def _check_training(config: Config) -> None:
   if training.jit_compile and name in _NO_JIT:
     raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
                       key="training.jit_compile", received=True)
-  if training.gradient_accumulation_steps > 1 and name == "parameter_server":
-    raise ConfigError("must be 1 under parameter_server: Keras's accumulation fails there, and "
-                      "asynchronous workers would share one set of accumulators; use a larger "
-                      "batch", key="training.gradient_accumulation_steps",
-                      received=training.gradient_accumulation_steps)
   if training.mixed_precision == "float16" and name in NO_LOSS_SCALING:
     raise ConfigError(f"must not be float16 under {name}: Keras's loss scaling fails "
                       "there; use bfloat16 or off", key="training.mixed_precision",
@@ -154,6 +149,7 @@ def _check_devices(config: Config) -> None:
 
 
 def _check_parallel(config: Config) -> None:
+  # Which training settings a split honours is training.settings' (one home for them).
   if not config.parallel.enabled:
     return
   if config.strategy.name not in ("default", "multi_worker_mirrored"):
@@ -161,21 +157,7 @@ def _check_parallel(config: Config) -> None:
                       "parallel across workers, each splitting its model): a strategy over "
                       "several local devices mirrors every variable onto each, undoing the "
                       "split", key="parallel.stages", received=f"strategy {config.strategy.name}")
-  if getattr(config.strategy.options, "average_every", 0):
-    raise ConfigError("must be 0 with parallel.stages: a split model's gradients are averaged "
-                      "across workers every step", key="strategy.average_every",
-                      received=config.strategy.options.average_every)
-  compression = getattr(config.strategy.options, "gradient_compression", "none")
-  if compression != "none":
-    raise ConfigError("must be none with parallel.stages: a split model's gradients are "
-                      "averaged across workers in their own dtype",
-                      key="strategy.gradient_compression", received=compression)
   if config.training.jit_compile:
     raise ConfigError("must be false with parallel.stages: XLA compiles for one device and "
                       "cannot reach variables on another", key="training.jit_compile",
                       received=True)
-  if config.training.gradient_accumulation_steps > 1:
-    raise ConfigError("must be 1 with parallel.stages: use parallel.microbatches, which sums "
-                      "the micro-batches' gradients before one update",
-                      key="training.gradient_accumulation_steps",
-                      received=config.training.gradient_accumulation_steps)

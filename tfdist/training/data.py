@@ -81,6 +81,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     if y is not None:
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
                       f"Received: y of type {type(y).__name__}")
+    require_batched(x, name)
     require_batched_by(x, batch_size, name)
     return then(with_shard_policy(x))
   if is_arrays(x):
@@ -152,6 +153,31 @@ def batched_by(dataset: tf.data.Dataset) -> int | None:
       return int(size)
     dataset = getattr(dataset, "_input_dataset", None)
   return None
+
+
+def require_batched(dataset: tf.data.Dataset, name: str) -> None:
+  """Raises DataError for a dataset of single examples: one with a scalar element (a batch has
+  a batch dimension), or sliced from tensors with no batch after (`from_tensor_slices` alone).
+  tf.distribute would fail inside its own code (an IndexError splitting a batch)."""
+  ranks = [spec.shape.rank for spec in tf.nest.flatten(dataset.element_spec)
+           if isinstance(spec, tf.TensorSpec)]
+  scalar = any(rank == 0 for rank in ranks)
+  if scalar or (batched_by(dataset) is None and _sliced_without_batch(dataset)):
+    raise DataError(f"{name}: a tf.data.Dataset must yield batches (call .batch(global batch "
+                    "size) on it; tfdist.global_batch_size() gives the size). Received: a "
+                    f"dataset of single examples, element shapes "
+                    f"{[tuple(s.shape) for s in tf.nest.flatten(dataset.element_spec)]}")
+
+
+def _sliced_without_batch(dataset) -> bool:
+  while dataset is not None:
+    kind = type(dataset).__name__.lower()
+    if "batch" in kind or "window" in kind or "group" in kind or "generator" in kind:
+      return False
+    if "tensorslice" in kind:
+      return True
+    dataset = getattr(dataset, "_input_dataset", None)
+  return False
 
 
 def require_batched_by(dataset: tf.data.Dataset, batch_size: int | None, name: str) -> None:

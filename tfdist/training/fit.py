@@ -5,11 +5,11 @@ strategy, with the model built in the strategy's scope and the batches sharded r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from typing import Any, Callable, Mapping
 
-from tfdist.config import rules
 from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
@@ -17,6 +17,7 @@ from tfdist.config.schema import Config
 from tfdist.errors import ConfigError, ModelError
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.strategy.factory import make_strategy
+from tfdist.training import settings
 
 
 def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigLike = None,
@@ -75,120 +76,220 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   """
   config = as_config(config)
   _refuse_keras_distribution()
-  evaluator = config.task is not None and config.task.type == "evaluator"
-  strategy = make_strategy(config)  # An evaluator's is the default strategy.
-  from tfdist.training import (checkpoints, data, keras_fixes, replica_math, report,
-                               user_files)
+  from tfdist.training import dtype_policy, user_files
+  run = _start(model_fn, compile, config, batch_size, epochs)
+  if run.evaluator:
+    from tfdist.training.evaluator import evaluate_checkpoints
+    return evaluate_checkpoints(run.model, _validation(validation_data, run.strategy,
+                                                       run.global_batch),
+                                config=config, epochs=run.epochs)
+  _prepare_data(run, train_data, y, shuffle, steps_per_epoch)
+  _announce(run)
+  callbacks = _callbacks(run, callbacks)
+  with user_files.chief_only(callbacks, config, resuming=run.first_epoch > 0) as callbacks, \
+      dtype_policy.saved_as_built(run.model, run.chosen.policy, run.built_with):
+    if run.asynchronous:
+      history = _fit_on_parameter_servers(run, train_data, y, validation_data, callbacks,
+                                          fit_kwargs)
+    else:
+      history = _fit_synchronously(run, validation_data, callbacks, fit_kwargs)
+  _finish(run)
+  return history
 
+
+@dataclasses.dataclass
+class _Run:
+  """What one `tfdist.fit` works with, filled in as it goes."""
+  config: Config
+  strategy: Any
+  hybrid: Any
+  model: Any = None
+  chosen: Any = None  # The machine.precision.Precision the model trains in.
+  built_with: str = "float32"  # The user's dtype policy, given back after training.
+  fused: str | None = None
+  global_batch: int | None = None
+  epochs: int = 1
+  files: list = dataclasses.field(default_factory=list)
+  first_epoch: int = 0
+  first_step: int = 0
+  train: Any = None
+  steps_per_epoch: int | None = None
+  epoch_steps: int | None = None
+  clock: Any = None
+
+  @property
+  def evaluator(self) -> bool:
+    return self.config.task is not None and self.config.task.type == "evaluator"
+
+  @property
+  def asynchronous(self) -> bool:
+    return self.config.strategy.name == "parameter_server"
+
+  @property
+  def replicas(self) -> int:
+    return self.hybrid.workers if self.hybrid else self.strategy.num_replicas_in_sync
+
+  @property
+  def optimizer(self):
+    return getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+
+
+def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: int | None
+           ) -> _Run:
+  """The strategy made, the settings checked against fit's paths, the model built."""
+  settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
+  strategy = make_strategy(config)  # An evaluator's is the default strategy.
   import keras
-  training = config.training
-  if training.seed is not None:
-    keras.utils.set_random_seed(training.seed)
+  if config.training.seed is not None:
+    keras.utils.set_random_seed(config.training.seed)
   hybrid = _hybrid(config)
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
     import tensorflow as tf
     strategy = tf.distribute.get_strategy()
-  replicas = hybrid.workers if hybrid else strategy.num_replicas_in_sync
-  global_batch = batch_size or batch_sizes(training, replicas).global_batch_size
-  epochs = epochs or training.epochs
-  model, chosen, fused = _build(model_fn, compile, strategy, config, hybrid)
-  if evaluator:
-    from tfdist.training.evaluator import evaluate_checkpoints
-    return evaluate_checkpoints(model, _validation(validation_data, strategy, global_batch),
-                                config=config, epochs=epochs)
-  files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
-  first_epoch, first_step = files[0].saved_position() if files else (0, 0)
+  run = _Run(config, strategy, hybrid, epochs=epochs or config.training.epochs)
+  run.global_batch = _global_batch(batch_size, config, run.replicas)
+  _build(run, model_fn, compile)
+  return run
+
+
+def _global_batch(batch_size: int | None, config: Config, replicas: int) -> int | None:
+  """The argument's global batch (checked as the config's is), else the config's."""
+  if batch_size is None:
+    return batch_sizes(config.training, replicas).global_batch_size
+  if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1 or \
+      batch_size % replicas:
+    raise ConfigError(f"must be a positive multiple of the {replicas} replicas (each replica "
+                      "takes an equal share of a global batch)", key="batch_size",
+                      received=batch_size)
+  return batch_size
+
+
+def _prepare_data(run: _Run, train_data, y, shuffle: bool, steps_per_epoch: int | None) -> None:
+  """The training stream, the steps in an epoch, and where a backup resumes."""
+  from tfdist.training import checkpoints, data, report
+  from tfdist.monitoring import step_times
+  config, training = run.config, run.config.training
+  run.files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
+  run.first_epoch, run.first_step = run.files[0].saved_position() if run.files else (0, 0)
   steps_per_epoch = steps_per_epoch or training.steps_per_epoch
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
-  if shuffle and global_batch and data.is_arrays(train_data):
+  if shuffle and run.global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(
-        train_data, global_batch, strategy.num_replicas_in_sync)
+        train_data, run.global_batch, run.strategy.num_replicas_in_sync)
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
-  asynchronous = config.strategy.name == "parameter_server"
-  from tfdist.monitoring import step_times, tensorboard
-  optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-  timed = not (asynchronous or hybrid) and bool(config.tensorboard.log_dir)
-  clock = step_times.StepClock() if timed and not step_times.determinism_enabled() else None
-  if timed and clock is None and is_chief(config):
+  timed = not (run.asynchronous or run.hybrid) and bool(config.tensorboard.log_dir)
+  run.clock = step_times.StepClock() if timed and not step_times.determinism_enabled() else None
+  if timed and run.clock is None and is_chief(config):
     report.say(step_times.DETERMINISM_NOTICE)
-  if clock:
-    clock.time_all_reduce(optimizer)
-  if files:
-    from tfdist.training import preemption
-    multi_worker = config.strategy.name == "multi_worker_mirrored" and bool(config.cluster.jobs)
-    files.append(preemption.Preemption(
-        files[0], strategy=strategy if multi_worker else None, first_step=first_step,
-        signals=preemption.signals_of(config.checkpoint.preemption_signal), say=report.say))
-  train = None if asynchronous else data.make_dataset(
-      train_data, y, strategy=strategy, batch_size=global_batch, shuffle=shuffle,
-      seed=training.seed, first_epoch=first_epoch, epochs=None if endless else epochs,
-      name="train_data", then=(hybrid and hybrid.worker_slice) or (clock and clock.stamped))
-  epoch_steps = _steps_in_an_epoch(train, steps_per_epoch)
-  if epoch_steps and not asynchronous:
+  if run.clock:
+    run.clock.time_all_reduce(run.optimizer)
+  run.train = None if run.asynchronous else data.make_dataset(
+      train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
+      seed=training.seed, first_epoch=run.first_epoch, epochs=None if endless else run.epochs,
+      name="train_data",
+      then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
+  run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
+  run.steps_per_epoch = steps_per_epoch
+  if run.epoch_steps and not run.asynchronous:
     # Epochs counted by steps over one endless stream: a finite dataset makes every
     # multi-worker get_next all-reduce "has data" (a collective a step), and re-iterating it
     # each epoch measured 1.75x slower even on one device (6.6k vs 11.7k examples/s).
-    train, steps_per_epoch = data.endless(train), epoch_steps
+    run.train, run.steps_per_epoch = data.endless(run.train), run.epoch_steps
   # Never more steps per call than an epoch has: the progress bar would count past the end.
-  model.steps_per_execution = min(training.steps_per_execution, epoch_steps or sys.maxsize)
+  run.model.steps_per_execution = min(training.steps_per_execution,
+                                      run.epoch_steps or sys.maxsize)
   if training.scale_learning_rate or training.warmup_epochs:
     from tfdist.training import schedule
-    multiplier = replicas if training.scale_learning_rate else 1
-    warmup = training.warmup_epochs * _require_steps(epoch_steps, config)
-    schedule.scale_learning_rate(optimizer, multiplier, warmup)
-  if is_chief(config):
-    report.say(report.choices_line(
-        strategy_name=config.strategy.name, replicas=replicas,
-        global_batch=global_batch, precision=chosen, steps_per_execution=model.steps_per_execution,
-        fused=fused, accumulation=training.gradient_accumulation_steps))
-    if first_epoch or first_step:
-      report.say(report.resume_line(first_epoch, epochs, files[0].directory,
-                                    first_step if epoch_steps and not asynchronous else 0))
-    if epoch_steps:  # Keras counts every batch as an optimizer step, accumulating or not.
-      report.say(report.schedule_warning(optimizer._learning_rate, epochs=epochs,
-                                         updates=epoch_steps * epochs,
-                                         updates_per_epoch=epoch_steps))
-  every = getattr(config.strategy.options, "average_every", 0)
-  if every:
-    from tfdist.training import local_sgd
-    callbacks = [local_sgd.Averaging(strategy, every), *(callbacks or [])]
-  callbacks = list(callbacks or []) + tensorboard.callbacks(
-      config, strategy, first_epoch=first_epoch, epoch_steps=epoch_steps,
-      global_batch=global_batch, clock=clock)
-  with user_files.chief_only(callbacks, config, resuming=first_epoch > 0) as callbacks:
-    if asynchronous:
-      from tfdist.training import parameter_server
-      history = parameter_server.fit(
-          model, strategy, train_data, y, batch_size=global_batch, epochs=epochs,
-          initial_epoch=first_epoch, steps_per_epoch=steps_per_epoch,
-          steps_per_execution=model.steps_per_execution,
-          validation=_validation(validation_data, None, global_batch),
-          callbacks=files + callbacks, source=config.source,
-          report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, config))
-      parameter_server.explain_keras_calls(model)
-    else:
-      validation = _validation(validation_data, strategy, global_batch)
-      own_step = not hybrid and replicas > 1 and not keras_fixes.keras_train_step(model)
-      if own_step:
-        _one_device_arithmetic(model, optimizer, global_batch or data.batched_by(train_data),
-                               config)
-      parts = _parts(train, epochs, steps_per_epoch, first_epoch, first_step, epoch_steps)
-      per_call, history = model.steps_per_execution, None
-      for stream, start, end, steps in parts:
-        if len(parts) > 1:  # Each its own steps per epoch: a train function of its own.
-          model.steps_per_execution, model.train_function = min(per_call, steps), None
-          files[0].delete_checkpoint = end == epochs  # The backup is kept between the two.
-        with keras_fixes.fixed_for(model, strategy, steps, clock, epoch_steps), \
-            data.empty_batches_explained("train_data"), \
-            replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
-          part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
-                           validation_data=validation, callbacks=files + callbacks,
-                           shuffle=False, **fit_kwargs)
-        history = _joined(history, part)
-  if config.checkpoint.dir:
-    checkpoints.save_final_model(model, config)
-  user_files.save_on_chief_only(model, config)
+    multiplier = run.replicas if training.scale_learning_rate else 1
+    warmup = training.warmup_epochs * _require_steps(run.epoch_steps, config)
+    schedule.scale_learning_rate(run.optimizer, multiplier, warmup)
+
+
+def _announce(run: _Run) -> None:
+  """The chief's start line, resume line and schedule warning."""
+  from tfdist.training import report
+  config = run.config
+  if not is_chief(config):
+    return
+  report.say(report.choices_line(
+      strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
+      precision=run.chosen, steps_per_execution=run.model.steps_per_execution, fused=run.fused,
+      accumulation=config.training.gradient_accumulation_steps))
+  if run.first_epoch or run.first_step:
+    report.say(report.resume_line(
+        run.first_epoch, run.epochs, run.files[0].directory,
+        run.first_step if run.epoch_steps and not run.asynchronous else 0))
+  if run.epoch_steps:  # Keras counts every batch as an optimizer step, accumulating or not.
+    report.say(report.schedule_warning(run.optimizer._learning_rate, epochs=run.epochs,
+                                       updates=run.epoch_steps * run.epochs,
+                                       updates_per_epoch=run.epoch_steps))
+
+
+def _callbacks(run: _Run, callbacks) -> list:
+  """The user's callbacks with tfdist's: the preemption notice after the backup, periodic
+  averaging first, TensorBoard's last."""
+  from tfdist.training import report
+  from tfdist.monitoring import tensorboard
+  notice = settings.preemption_notice(run.config, run.strategy)
+  if notice is not None:
+    from tfdist.training import preemption
+    run.files.append(preemption.Preemption(run.files[0], notice, first_step=run.first_step,
+                                           say=report.say))
+  averaging = settings.averaging(run.strategy, run.config)
+  return [*([averaging] if averaging else []), *(callbacks or [])] + tensorboard.callbacks(
+      run.config, run.strategy, first_epoch=run.first_epoch, epoch_steps=run.epoch_steps,
+      global_batch=run.global_batch, clock=run.clock)
+
+
+def _fit_on_parameter_servers(run: _Run, train_data, y, validation_data, callbacks,
+                              fit_kwargs):
+  from tfdist.monitoring import tensorboard
+  from tfdist.training import parameter_server
+  history = parameter_server.fit(
+      run.model, run.strategy, train_data, y, batch_size=run.global_batch, epochs=run.epochs,
+      initial_epoch=run.first_epoch, steps_per_epoch=run.steps_per_epoch,
+      steps_per_execution=run.model.steps_per_execution,
+      validation=_validation(validation_data, None, run.global_batch),
+      callbacks=run.files + callbacks, source=run.config.source,
+      report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, run.config))
+  parameter_server.explain_keras_calls(run.model)
   return history
+
+
+def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
+  """Keras's fit, once, or twice after a preemption mid-epoch (`_parts`)."""
+  from tfdist.training import data, keras_fixes, replica_math
+  model = run.model
+  validation = _validation(validation_data, run.strategy, run.global_batch)
+  own_step = not run.hybrid and run.replicas > 1 and not keras_fixes.keras_train_step(model)
+  if own_step:
+    _one_device_arithmetic(model, run.optimizer,
+                           run.global_batch or data.batched_by(run.train), run.config)
+  parts = _parts(run.train, run.epochs, run.steps_per_epoch, run.first_epoch, run.first_step,
+                 run.epoch_steps)
+  per_call, history = model.steps_per_execution, None
+  for stream, start, end, steps in parts:
+    if len(parts) > 1:  # Each its own steps per epoch: a train function of its own.
+      model.steps_per_execution, model.train_function = min(per_call, steps), None
+      run.files[0].delete_checkpoint = end == run.epochs  # The backup is kept between the two.
+    with keras_fixes.fixed_for(model, run.strategy, steps, run.clock, run.epoch_steps), \
+        data.empty_batches_explained("train_data"), \
+        replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
+      part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
+                       validation_data=validation, callbacks=run.files + callbacks,
+                       shuffle=False, **fit_kwargs)
+    history = _joined(history, part)
+  return history
+
+
+def _finish(run: _Run) -> None:
+  """The model given back in the user's dtype policy (where tfdist chose half precision), then
+  saved: tfdist's final model, and the user's `model.save` on the chief alone."""
+  from tfdist.training import checkpoints, dtype_policy, user_files
+  dtype_policy.give_back(run.model, run.chosen.policy, run.built_with)
+  if run.config.checkpoint.dir:
+    checkpoints.save_final_model(run.model, run.config)
+  user_files.save_on_chief_only(run.model, run.config)
 
 
 def _parts(train, epochs: int, steps_per_epoch, first_epoch: int, first_step: int,
@@ -230,48 +331,55 @@ def _one_device_arithmetic(model, optimizer, global_batch: int | None, config: C
                                                           lambda: user_step(data))[0]
 
 
-def _build(model_fn, compile, strategy, config: Config, hybrid=None):
-  """The model built and compiled in the strategy's scope, with tfdist's speed knobs, split
-  over devices when the config says (`hybrid`: averaging gradients across workers); returns
-  it, its `precision.Precision` and the name of the optimizer whose update is fused (or None)."""
-  from tfdist.machine import precision
-  from tfdist.training import dtype_policy, fused_updates, report
-
-  training = config.training
+def _build(run: _Run, model_fn, compile) -> None:
+  """The model built and compiled in the strategy's scope in the config's precision, with
+  the settings applied (`settings`), split over devices when the config says (`hybrid`:
+  averaging gradients across workers)."""
+  from tfdist.training import dtype_policy
+  import keras
+  config, strategy = run.config, run.strategy
   # Outside the scope: `auto`'s probe runs plain tensors on this process's device.
-  chosen = precision.policy_for(training.mixed_precision,
-                                loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
+  run.chosen = settings.precision(config)
+  # The user's policy comes back after training only where tfdist chose another (`auto`).
+  run.built_with = keras.config.dtype_policy().name if settings.chosen_by_tfdist(
+      config, run.chosen) else run.chosen.policy
   with strategy.scope():
-    with dtype_policy.building_with(chosen.policy):
+    with settings.building(config, run.chosen):
       model = model_fn()
+    _require_model(model)
     dtype_policy.keep_outputs_float32(model)
     if compile is not None:
       model.compile(**(compile() if callable(compile) else compile))
     elif not model.compiled:
       raise ModelError("model_fn returned a model that is not compiled: compile it there or "
                        "pass compile=dict(optimizer=..., loss=...)")
-    model.jit_compile = training.jit_compile
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    fused = training.fused_optimizer and fused_updates.install(optimizer)
-    compressed = getattr(config.strategy.options, "gradient_compression", "none")
-    if compressed != "none":
-      from tfdist.training import compression
-      compression.install(optimizer, compressed)
-    if getattr(config.strategy.options, "average_every", 0):
-      from tfdist.training import local_sgd
-      local_sgd.install(optimizer, strategy)
-    if training.gradient_accumulation_steps > 1:
-      optimizer.gradient_accumulation_steps = training.gradient_accumulation_steps
+    model.jit_compile = config.training.jit_compile
+    run.model = model
+    run.fused = settings.install_on_optimizer(
+        run.optimizer, strategy, config, settings.paths_of(config, settings.FIT))
     if config.parallel.enabled:
-      from tfdist.parallel.split_model import describe, split
-      split(model, config.parallel.stages, devices=config.parallel.devices or None,
-            microbatches=config.parallel.microbatches, recompute=config.parallel.recompute,
-            reduce_gradients=hybrid and hybrid.mean_gradients)
-      if hybrid:
-        hybrid.broadcast_weights(model)
-      if is_chief(config):
-        report.say(describe(model.tfdist_placement, config.parallel.microbatches))
-  return model, chosen, type(optimizer).__name__ if fused else None
+      _split(run)
+
+
+def _require_model(model) -> None:
+  import keras
+  if not isinstance(model, keras.Model):
+    raise ModelError("model_fn must return a Keras model (keras.Model, keras.Sequential or a "
+                     "subclass) built in its body. Received: "
+                     f"{'None' if model is None else type(model).__name__}")
+
+
+def _split(run: _Run) -> None:
+  from tfdist.training import report
+  from tfdist.parallel.split_model import describe, split
+  parallel, hybrid = run.config.parallel, run.hybrid
+  split(run.model, parallel.stages, devices=parallel.devices or None,
+        microbatches=parallel.microbatches, recompute=parallel.recompute,
+        reduce_gradients=hybrid and hybrid.mean_gradients)
+  if hybrid:
+    hybrid.broadcast_weights(run.model)
+  if is_chief(run.config):
+    report.say(describe(run.model.tfdist_placement, parallel.microbatches))
 
 
 def global_batch_size(config: ConfigLike = None) -> int:

@@ -65,6 +65,7 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
     model._make_function = types.MethodType(
         lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock),
         model)
+  weigh_output_losses_by_rows(model)
   multi_worker = _BROKEN and in_multi_worker_mode(strategy)
   # keras-team/keras#20585: the symbolic build reduces the (x, y) PerReplica batch with
   # strategy.reduce("MEAN"), which accepts no nesting across workers and adds strings
@@ -313,3 +314,48 @@ def count_every_update(model) -> None:
   TensorFlow's own assign_add is one atomic op on the ps.
   """
   sum_deltas([model.optimizer.iterations, *model.metrics_variables])
+
+
+def weigh_output_losses_by_rows(model) -> None:
+  """Makes each output's loss metric of a multi-output `model` (`val_cls_loss`) a mean over
+  examples, as the total loss is.
+
+  Keras 3's CompileLoss.call weighs an output's loss by its static batch size,
+  `tree.flatten(y_p)[0].shape[0]` (keras/src/trainers/compile_utils.py; no upstream issue found),
+  which is None in a function traced for a partial batch or a replica's share of one: such a
+  batch then counts once, not by its examples, and the per-output losses of a partial last
+  batch differ from one device's and between strategies (~1% measured). The rows counted at
+  run time (`tf.shape`) replace it, as the total loss's tracker already does.
+  """
+  compile_loss = getattr(model, "_compile_loss", None)
+  if not _BROKEN or compile_loss is None or getattr(compile_loss, "_tfdist_rows", False):
+    return
+  compile_loss._tfdist_rows = True
+  if compile_loss.built:
+    _count_rows(compile_loss)
+    return
+  keras_build = compile_loss.build
+
+  def build(y_true, y_pred):
+    keras_build(y_true, y_pred)
+    _count_rows(compile_loss)
+  compile_loss.build = build
+
+
+def _count_rows(compile_loss) -> None:
+  if not compile_loss.metrics:
+    return
+  from keras.src import tree
+  flat = []
+  for entry, metric in zip(compile_loss._flat_losses, compile_loss.metrics):
+    rows, loss_fn = {}, entry.loss
+
+    def counted(y_true, y_pred, sample_weight=None, loss_fn=loss_fn, rows=rows):
+      rows["now"] = tf.shape(tree.flatten(y_pred)[0])[0]
+      return loss_fn(y_true, y_pred, sample_weight)
+
+    def update_state(values, sample_weight=None, keras_update=metric.update_state, rows=rows):
+      return keras_update(values, sample_weight=rows.pop("now", sample_weight))
+    metric.update_state = update_state
+    flat.append(entry._replace(loss=counted))
+  compile_loss._flat_losses = flat

@@ -47,7 +47,17 @@ class Averaging(keras.callbacks.Callback):
     self._done = 0
 
   def on_train_begin(self, logs=None):
-    variables = [w.value for w in self.model.weights]
+    self.begin(self.model.weights, int(self.model.optimizer.iterations.numpy()))
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.after_call(int(self.model.optimizer.iterations.numpy()))
+
+  def on_train_end(self, logs=None):
+    self.end()
+
+  def begin(self, weights, steps_done: int) -> None:
+    """Readies the average of `weights` (`tfdist.TrainingLoop` calls it: no Keras fit there)."""
+    variables = [w.value if hasattr(w, "value") else w for w in weights]
     strategy = self.strategy
 
     @tf.function
@@ -63,13 +73,14 @@ class Averaging(keras.callbacks.Callback):
         return context.merge_call(assign, args=(means,))
       strategy.run(replica_fn)
     self._average = average
-    self._done = int(self.model.optimizer.iterations.numpy()) // self.every
+    self._done = steps_done // self.every
 
-  def on_train_batch_end(self, batch, logs=None):
-    due = int(self.model.optimizer.iterations.numpy()) // self.every
+  def after_call(self, steps_done: int) -> None:
+    """Averages when the call that just ended reached the next multiple of `every` steps."""
+    due = steps_done // self.every
     if due > self._done:
       self._average()
       self._done = due
 
-  def on_train_end(self, logs=None):
+  def end(self) -> None:
     self._average()  # The model saved after training is the replicas' average.

@@ -50,14 +50,13 @@ import tensorflow as tf
 
 from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
-from tfdist.config import rules
 from tfdist.config.roles import is_chief
 from tfdist.errors import ConfigError
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
-from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
-                             report)
+from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, preemption,
+                             replica_math, report, settings)
 
 
 class TrainingLoop:
@@ -109,32 +108,43 @@ class TrainingLoop:
 
   def __init__(self, config: ConfigLike = None):
     self.config = as_config(config)
+    self._paths = settings.paths_of(self.config, settings.LOOP)
+    settings.refuse_unhonoured(self.config, self._paths)
     self.strategy = make_strategy(self.config)
     self.asynchronous = self.config.strategy.name == "parameter_server"
     self.replicas = self.strategy.num_replicas_in_sync
     self.global_batch_size = batch_sizes(self.config.training, self.replicas).global_batch_size
     self.is_chief = is_chief(self.config)
-    self.precision = precision.policy_for(
-        self.config.training.mixed_precision,
-        loss_scaling=self.config.strategy.name not in rules.NO_LOSS_SCALING)
-    if self.is_chief:
-      report.say(report.choices_line(
-          strategy_name=self.config.strategy.name, replicas=self.replicas,
-          global_batch=self.global_batch_size, precision=self.precision,
-          steps_per_execution=self.config.training.steps_per_execution, fused=None,
-          accumulation=self.config.training.gradient_accumulation_steps))
+    self.precision = settings.precision(self.config)
+    # The user's policy comes back when the epochs end, where tfdist chose another (`auto`).
+    self._built_with = keras.config.dtype_policy().name if settings.chosen_by_tfdist(
+        self.config, self.precision) else self.precision.policy
+    self._notice = settings.preemption_notice(self.config, self.strategy)
+    self._averaging = settings.averaging(self.strategy, self.config)
+    self._fused, self._announced, self._listening = None, False, False
     self.step = 0
     self._epoch, self._steps_into_epoch, self._resume_skip = 0, 0, 0
     self._tracked: dict[str, object] = {}
     self._compiled: dict[int, Callable] = {}
     self._coordinator, self._worker_iterators, self._streams = None, {}, {}
 
+  def _announce(self) -> None:
+    """The chief's start line, once, when training starts (the optimizer's settings known)."""
+    if self._announced or not self.is_chief:
+      return
+    self._announced = True
+    report.say(report.choices_line(
+        strategy_name=self.config.strategy.name, replicas=self.replicas,
+        global_batch=self.global_batch_size, precision=self.precision,
+        steps_per_execution=self.config.training.steps_per_execution, fused=self._fused,
+        accumulation=self.config.training.gradient_accumulation_steps))
+
   @contextlib.contextmanager
   def scope(self):
     """The strategy's scope: build the model, optimizer and metrics inside it. Layers made
     inside compute in the config's `training.mixed_precision` (what `auto` measured here);
     `prepare` keeps a model's output layers float32."""
-    with self.strategy.scope(), dtype_policy.building_with(self.precision.policy):
+    with self.strategy.scope(), settings.building(self.config, self.precision):
       yield
 
   def prepare(self, *objects):
@@ -179,10 +189,10 @@ class TrainingLoop:
                         key="training.mixed_precision", received=type(optimizer).__name__,
                         source=self.config.source)
     variables = [v for m in models for v in m.trainable_variables]
-    accumulation = self.config.training.gradient_accumulation_steps
-    if accumulation > 1:  # Keras's own accumulation (the all-reduce every batch).
-      inner.gradient_accumulation_steps = accumulation
-      keras_fixes.accumulate_outside_cond(inner, self.strategy)
+    # Before the build (Keras makes the accumulators then); periodic averaging's own gradients
+    # before the share weighting, which wraps it.
+    self._fused = settings.install_on_optimizer(optimizer, self.strategy, self.config,
+                                                self._paths) or self._fused
     if not optimizer.built:
       if not variables:
         raise ValueError("loop.prepare needs the built models an optimizer updates before it: "
@@ -191,10 +201,6 @@ class TrainingLoop:
       with self.scope():
         optimizer.build(variables)
     replica_math.weight_gradients_by_share(inner)
-    compressed = getattr(self.config.strategy.options, "gradient_compression", "none")
-    if compressed != "none":
-      from tfdist.training import compression
-      compression.install(inner, compressed)
     if self.asynchronous:
       keras_fixes.sum_deltas([optimizer.iterations])
     self._tracked[f"optimizer_{len(self._tracked)}"] = optimizer
@@ -224,6 +230,7 @@ class TrainingLoop:
       ConfigError: the dataset is batched by another size than `global_batch_size`; or, under
         parameter_server, neither `steps` nor the dataset's length is known.
     """
+    data.require_batched(dataset, "dataset")
     data.require_batched_by(dataset, self.global_batch_size, "dataset")
     if self.global_batch_size is None:  # The config gives none: the dataset's own batch.
       self.global_batch_size = data.batched_by(dataset)
@@ -253,7 +260,7 @@ class TrainingLoop:
       except (StopIteration, tf.errors.OutOfRangeError):
         break
       done += int(ran)
-      self._advance(int(ran))
+      self._after_call(int(ran))
       yield _numpy(outputs)
       if int(ran) < count:
         break
@@ -345,14 +352,25 @@ class TrainingLoop:
       self._compiled[key] = call
     calls = [self._coordinator.schedule(self._compiled[key], args=(iterator,))
              for _ in range(math.ceil(steps / per_call))]
-    for scheduled in calls:
-      yield _numpy(scheduled.fetch())
+    for i, scheduled in enumerate(calls):
+      outputs = _numpy(scheduled.fetch())
+      if self._listening and self._notice.stop_now():  # The calls scheduled run first.
+        self._coordinator.join()
+        self._advance(per_call * (len(calls) - i))
+        self._preempted()
       self._advance(per_call)
+      yield outputs
     self._coordinator.join()
 
   def epochs(self, count: int) -> Iterator[int]:
     """The epochs to run, 0-based, starting where the config's checkpoint left off; each one's
     end is checkpointed (model, optimizer, step), the chief's files kept.
+
+    While the epochs run, a termination notice (SIGTERM, or `checkpoint.preemption_signal`,
+    with a `checkpoint.dir`) makes every worker save after the same call and exit with 42;
+    the relaunched loop resumes at that step. When they end, models built in a half precision
+    that `training.mixed_precision: auto` chose compute in the policy they were built with
+    again (as does a `model.save` during the epochs).
 
     Args:
       count: the run's epochs.
@@ -361,11 +379,25 @@ class TrainingLoop:
       Each epoch's index.
     """
     self.restore()
-    for epoch in range(self._epoch, count):
-      self._epoch = epoch
-      yield epoch
-      self._epoch, self._steps_into_epoch = epoch + 1, 0
-      self.save()
+    self._announce()
+    with contextlib.ExitStack() as stack:
+      if self._notice is not None:
+        stack.enter_context(self._notice.listening())
+        self._listening = True
+        stack.callback(setattr, self, "_listening", False)
+      for model in self._models():
+        stack.enter_context(dtype_policy.saved_as_built(model, self.precision.policy,
+                                                        self._built_with))
+      for epoch in range(self._epoch, count):
+        self._epoch = epoch
+        yield epoch
+        self._epoch, self._steps_into_epoch = epoch + 1, 0
+        if epoch + 1 == count and self._averaging is not None and \
+            self._averaging._average is not None:
+          self._averaging.end()  # The model saved is the replicas' average.
+        self.save()
+    for model in self._models():
+      dtype_policy.give_back(model, self.precision.policy, self._built_with)
 
   def save(self) -> str | None:
     """Checkpoints the prepared models and optimizers, the step, the epoch and the steps into it
@@ -409,6 +441,29 @@ class TrainingLoop:
   def _advance(self, steps: int) -> None:
     self.step += steps
     self._steps_into_epoch += steps
+
+  def _after_call(self, steps: int) -> None:
+    """After each call of the compiled steps: the step counted, the replicas averaged when
+    due (`strategy.average_every`), and a termination notice acted on (every worker asks)."""
+    self._advance(steps)
+    if self._averaging is not None:
+      if self._averaging._average is None:
+        self._averaging.begin([w for m in self._models() for w in m.weights],
+                              self.step - steps)
+      self._averaging.after_call(self.step)
+    if self._listening and self._notice.stop_now():
+      self._preempted()
+
+  def _preempted(self) -> None:
+    """Saves at this step (every worker at the same one) and exits with 42."""
+    if self._averaging is not None and self._averaging._average is not None:
+      self._averaging.end()
+    self.save()
+    preemption.exit_preempted(f"epoch {self._epoch + 1}, step {self._steps_into_epoch}",
+                              self.print)
+
+  def _models(self) -> list:
+    return [o for o in self._tracked.values() if isinstance(o, keras.Model)]
 
   def _directory(self) -> str | None:
     return self.config.checkpoint.dir and os.path.join(self.config.checkpoint.dir, "loop")

@@ -1,4 +1,4 @@
-"""Preemption: a termination notice during `tfdist.fit` makes every worker save its backup at
+"""Preemption: a termination notice during `tfdist.fit` or `tfdist.TrainingLoop` makes every worker save its backup at
 the same step and exit with `PREEMPTED`, so the restarted job resumes at that step.
 
 Clusters take machines back after a notice and a grace period: Kubernetes and Slurm send
@@ -13,12 +13,14 @@ does the same job with its own checkpoint manager and step counter; this one kee
 `fit` and tfdist's backup, which already resumes every strategy.
 
 ```python
-callbacks = [backup, Preemption(backup, strategy=strategy, signals=[signal.SIGTERM])]
+notice = Notice([signal.SIGTERM], strategy=strategy)
+callbacks = [backup, Preemption(backup, notice)]
 ```
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -28,32 +30,37 @@ import keras
 from tfdist.exit_codes import PREEMPTED
 
 
-class Preemption(keras.callbacks.Callback):
-  """Saves `backup` at the same step on every worker after a termination notice, then exits.
+class Notice:
+  """A termination notice, as every worker of a run agrees on it: SIGTERM or another of
+  `signals` noticed between calls of the compiled steps, asked after each call.
 
   Args:
-    backup: tfdist's `checkpoints.Backup` of this task.
-    strategy: the MultiWorkerMirrored strategy whose workers must agree; None for one process.
     signals: the signals taken as a notice.
-    first_step: steps of the first epoch done before this fit (a resumed partial epoch); the
-      epochs after it count from 0.
-    say: prints a line (the chief's start line's printer).
+    strategy: the MultiWorkerMirrored strategy whose workers must agree; None for one process.
   """
 
-  def __init__(self, backup, *, strategy=None, signals, first_step: int = 0, say=print):
-    super().__init__()
-    self.backup, self.signals = backup, tuple(signals)
-    self.first_step, self.say = first_step, say
+  def __init__(self, signals, *, strategy=None):
+    self.signals = tuple(signals)
     self.noticed = threading.Event()
-    self._agree = agreement(strategy) if strategy is not None else None
+    self._strategy = strategy
+    self._agree = None
     self._previous: dict = {}
-    self._epoch = 0
 
-  def on_train_begin(self, logs=None):
-    if threading.current_thread() is threading.main_thread():
+  @contextlib.contextmanager
+  def listening(self):
+    """Takes the signals while inside (the main thread only: Python's rule), then gives the
+    previous handlers back."""
+    self.listen()
+    try:
+      yield self
+    finally:
+      self.stop_listening()
+
+  def listen(self) -> None:
+    if threading.current_thread() is threading.main_thread() and not self._previous:
       self._previous = {s: signal.signal(s, self._on_signal) for s in self.signals}
 
-  def on_train_end(self, logs=None):
+  def stop_listening(self) -> None:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     self._previous = {}
@@ -65,6 +72,49 @@ class Preemption(keras.callbacks.Callback):
       print(f"tfdist: {signal.Signals(signum).name} received: saving the backup after this "
             "call's steps", flush=True)
 
+  def stop_now(self) -> bool:
+    """Whether to save and exit after the call just ended: the same answer on every worker
+    (each asks after every call; the first call after any worker's notice stops all)."""
+    noticed = self.noticed.is_set()
+    if self._strategy is None:
+      return noticed
+    if self._agree is None:
+      self._agree = agreement(self._strategy)
+    return bool(self._agree(float(noticed)) > 0)
+
+
+def exit_preempted(where: str, say=print) -> None:
+  """Says where the backup was saved and exits with `PREEMPTED`."""
+  say(f"tfdist: preempted: backup saved at {where}; exiting with {PREEMPTED} (restart to "
+      "resume there)")
+  sys.stdout.flush()
+  raise SystemExit(PREEMPTED)
+
+
+class Preemption(keras.callbacks.Callback):
+  """Saves `backup` at the same step on every worker after a termination notice, then exits
+  (Keras's loop; `tfdist.TrainingLoop` asks its `Notice` itself).
+
+  Args:
+    backup: tfdist's `checkpoints.Backup` of this task.
+    notice: the run's `Notice`.
+    first_step: steps of the first epoch done before this fit (a resumed partial epoch); the
+      epochs after it count from 0.
+    say: prints a line (the chief's start line's printer).
+  """
+
+  def __init__(self, backup, notice: Notice, *, first_step: int = 0, say=print):
+    super().__init__()
+    self.backup, self.notice = backup, notice
+    self.first_step, self.say = first_step, say
+    self._epoch = 0
+
+  def on_train_begin(self, logs=None):
+    self.notice.listen()
+
+  def on_train_end(self, logs=None):
+    self.notice.stop_listening()
+
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch = epoch
 
@@ -72,24 +122,14 @@ class Preemption(keras.callbacks.Callback):
     self.first_step = 0  # Only the resumed epoch started part-way.
 
   def on_train_batch_end(self, batch, logs=None):
-    if not self._stop_now():
+    if not self.notice.stop_now():
       return
     epoch, step = self._epoch, batch + 1 + self.first_step
     if self.params.get("steps") and step >= self.params["steps"] + self.first_step:
       epoch, step = epoch + 1, 0  # The epoch's last call: resume at the next epoch.
     self.backup.save_position(epoch, step)
-    where = f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}"
-    self.say(f"tfdist: preempted: backup saved at {where}; exiting with {PREEMPTED} (restart "
-             "to resume there)")
-    sys.stdout.flush()
-    raise SystemExit(PREEMPTED)
-
-  def _stop_now(self) -> bool:
-    noticed = self.noticed.is_set()
-    if self._agree is None:
-      return noticed
-    # Every worker asks at the end of every call; the first call after any notice stops all.
-    return bool(self._agree(float(noticed)) > 0)
+    exit_preempted(f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}",
+                   self.say)
 
 
 def agreement(strategy):

@@ -1,0 +1,181 @@
+"""One home for tfdist's training settings: which training path honours which, and how each
+one is applied.
+
+Every path that trains calls this module and installs nothing itself: `tfdist.fit` (Keras's
+loop), `tfdist.TrainingLoop` (a user's own step), the parameter-server coordinator loop (either
+of them under parameter_server) and a split model (`parallel:`). A setting that a path cannot
+honour is refused here, before anything is built, in one line naming the key; the others are
+applied here: the dtype policy a model is built in (and given back after), the optimizer's
+update (fused kernels, compressed all-reduce, periodic averaging, accumulation), the
+preemption notice, the steps per call.
+
+```python
+paths = settings.paths_of(config, settings.LOOP)     # ("tfdist.TrainingLoop",)
+settings.refuse_unhonoured(config, paths)            # ConfigError naming the key, or nothing
+chosen = settings.precision(config)                  # the policy to build the model in
+fused = settings.install_on_optimizer(optimizer, strategy, config, paths)
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from tfdist.config import rules
+from tfdist.config.schema import Config
+from tfdist.errors import ConfigError
+
+FIT = "tfdist.fit"
+LOOP = "tfdist.TrainingLoop"
+PARAMETER_SERVER = "the parameter-server loop"
+SPLIT = "a split model"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """A training setting of the config.
+
+  Attributes:
+    key: its dotted key in the config.
+    value: reads its value from a config.
+    off: the value that asks for nothing.
+    refused: the paths that cannot honour it, each with the reason (a sentence).
+  """
+  key: str
+  value: Callable[[Config], Any]
+  off: Any
+  refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def asked(self, config: Config) -> bool:
+    return self.value(config) != self.off
+
+
+def _option(name: str, off):
+  return lambda config: getattr(config.strategy.options, name, off)
+
+
+SETTINGS = (
+    Setting("training.mixed_precision", lambda c: c.training.mixed_precision, "off"),
+    Setting("training.fused_optimizer", lambda c: c.training.fused_optimizer, False),
+    Setting("strategy.gradient_compression", _option("gradient_compression", "none"), "none",
+            {SPLIT: "a split model's gradients are averaged across workers in their own dtype"}),
+    Setting("strategy.average_every", _option("average_every", 0), 0,
+            {SPLIT: "a split model's gradients are averaged across workers every step"}),
+    Setting("training.gradient_accumulation_steps",
+            lambda c: c.training.gradient_accumulation_steps, 1,
+            {PARAMETER_SERVER: "Keras's accumulation fails there, and asynchronous workers would "
+                               "share one set of accumulators; use a larger batch",
+             SPLIT: "use parallel.microbatches, which sums the micro-batches' gradients before "
+                    "one update"}),
+    Setting("parallel.stages", lambda c: c.parallel.stages if c.parallel.enabled else None, None,
+            {LOOP: "a user's own step runs whole models; split with tfdist.fit, or call "
+                   "tfdist.parallel.split on the model and train it with model.fit",
+             PARAMETER_SERVER: "a split model trains under default or multi_worker_mirrored"}),
+    Setting("checkpoint.preemption_signal", lambda c: c.checkpoint.preemption_signal,
+            "SIGTERM"),
+    Setting("training.steps_per_execution", lambda c: c.training.steps_per_execution, 1),
+)
+
+
+def paths_of(config: Config, main: str) -> tuple[str, ...]:
+  """The training paths a run of `config` takes: `main` (FIT or LOOP), and PARAMETER_SERVER
+  or SPLIT where the config's strategy or `parallel:` section adds one. Pure."""
+  extra = (PARAMETER_SERVER,) if config.strategy.name == "parameter_server" else ()
+  return (main, *extra, *((SPLIT,) if config.parallel.enabled else ()))
+
+
+def refuse_unhonoured(config: Config, paths: tuple[str, ...]) -> None:
+  """Raises `ConfigError` for the first setting of `config` that one of `paths` cannot honour.
+
+  Args:
+    config: the run's config.
+    paths: what `paths_of` returned.
+
+  Raises:
+    ConfigError: naming the key, the path and why, with the value received.
+  """
+  for setting in SETTINGS:
+    for path in paths:
+      if setting.asked(config) and path in setting.refused:
+        raise ConfigError(f"is not honoured by {path}: {setting.refused[path]}",
+                          key=setting.key, received=setting.value(config),
+                          source=config.source)
+
+
+def precision(config: Config):
+  """The `machine.precision.Precision` the run builds its model in: the config's
+  `training.mixed_precision` (`auto` measured on this machine)."""
+  from tfdist.machine import precision as precision_lib
+  return precision_lib.policy_for(config.training.mixed_precision,
+                                  loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
+
+
+def chosen_by_tfdist(config: Config, chosen) -> bool:
+  """Whether tfdist chose the run's half precision itself (`auto`): the model then goes back to
+  the policy the user built with once training ends."""
+  from tfdist.machine import precision as precision_lib
+  return config.training.mixed_precision == "auto" and chosen.policy != precision_lib.FLOAT32
+
+
+def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, ...]
+                         ) -> str | None:
+  """Applies the config's optimizer settings to `optimizer` (its inner optimizer under loss
+  scaling): fused updates, a compressed all-reduce, periodic averaging's own gradients, and
+  Keras's gradient accumulation (with tfdist's fix where the strategy needs it).
+
+  Args:
+    optimizer: the Keras optimizer the run updates with.
+    strategy: the run's strategy.
+    config: the run's config.
+    paths: what `paths_of` returned.
+
+  Returns:
+    The name of the optimizer whose update is fused, or None.
+  """
+  from tfdist.training import fused_updates, keras_fixes
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  training = config.training
+  fused = training.fused_optimizer and fused_updates.install(inner)
+  compressed = _option("gradient_compression", "none")(config)
+  if compressed != "none":
+    from tfdist.training import compression
+    compression.install(inner, compressed)
+  if _option("average_every", 0)(config):
+    from tfdist.training import local_sgd
+    local_sgd.install(inner, strategy)
+  if training.gradient_accumulation_steps > 1:
+    inner.gradient_accumulation_steps = training.gradient_accumulation_steps
+    if LOOP in paths:  # tfdist.fit's step loop lays accumulation out itself (keras_fixes).
+      keras_fixes.accumulate_outside_cond(inner, strategy)
+  return type(inner).__name__ if fused else None
+
+
+def averaging(strategy, config: Config):
+  """The `local_sgd.Averaging` callback of `strategy.average_every`, or None."""
+  every = _option("average_every", 0)(config)
+  if not every:
+    return None
+  from tfdist.training import local_sgd
+  return local_sgd.Averaging(strategy, every)
+
+
+def preemption_notice(config: Config, strategy):
+  """The `preemption.Notice` of a run with a `checkpoint.dir` (SIGTERM and
+  `checkpoint.preemption_signal`; every worker agrees under multi_worker_mirrored), or None:
+  without a checkpoint.dir there is nothing to save."""
+  if not config.checkpoint.dir:
+    return None
+  from tfdist.training import preemption
+  multi_worker = config.strategy.name == "multi_worker_mirrored" and bool(config.cluster.jobs)
+  return preemption.Notice(preemption.signals_of(config.checkpoint.preemption_signal),
+                           strategy=strategy if multi_worker else None)
+
+
+@contextlib.contextmanager
+def building(config: Config, chosen):
+  """Layers made inside compute in `chosen`'s policy (what `precision` returned)."""
+  from tfdist.training import dtype_policy
+  with dtype_policy.building_with(chosen.policy):
+    yield
