@@ -112,7 +112,7 @@ def test_warmup_needs_to_know_the_steps_in_an_epoch():
   config = {"strategy": "default", "training": {"warmup_epochs": 1}}
   with pytest.raises(ConfigError, match=r"training.warmup_epochs: needs the number of steps in "
                      r"an epoch, .* set training.steps_per_epoch"):
-    unknown_length = tf.data.Dataset.range(4).filter(lambda i: i < 3)
+    unknown_length = tf.data.Dataset.range(8).batch(2).filter(lambda b: b[0] < 6)
     tfdist.fit(case.model_fn, unknown_length, config=config,
                compile=case.compile_args)
 

@@ -261,6 +261,8 @@ def test_the_endpoint_reports_status_metadata_health_and_metrics(server):
     ({"rows": []}, "application/json", 400,
      'the body must be an object with "instances" (rows) or "inputs" (columns). '
      "Received: ['rows']"),
+    ({}, "application/json", 400, 'the body must be an object with "instances" (rows) or '
+     '"inputs" (columns). Received: an empty object {}'),
     ({"instances": [[0.5] * 20] * 2000}, "application/json", 413,
      "the body is over the limit of 200000 bytes"),
 ])

@@ -24,6 +24,7 @@ COMMAND_FLAGS = {
 
 
 _METAVARS = {int: "N", float: "SECONDS"}
+_FLAG_METAVARS = {"max-wait-ms": "MS"}  # Units a flag's name states.
 
 
 def flags_help(command: str) -> str:
@@ -32,7 +33,8 @@ def flags_help(command: str) -> str:
   for name in COMMAND_FLAGS[command]:
     flag = flags.FLAGS[name]
     default = "none" if flag.default is None else str(flag.default).lower()
-    value = "" if flag.boolean else " " + _METAVARS.get(type(flag.default), "VALUE")
+    value = "" if flag.boolean else " " + _FLAG_METAVARS.get(
+        name, _METAVARS.get(type(flag.default), "VALUE"))
     lines.append(f"  --{name}{value} (default: {default})\n      {flag.help}")
   return "\n".join(lines)
 
@@ -67,14 +69,14 @@ def define_flags() -> None:
   flags.DEFINE_bool("tensorboard", False, "launch: start TensorBoard on the config's "
                     "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL.")
   flags.DEFINE_bool("json", False, "env: print the facts as one JSON object.")
-  flags.DEFINE_string("model", None, "plan: the function building the model, as "
+  flags.DEFINE_string("model", None, "estimate: the function building the model, as "
                       "module:function (the module imported from the current directory).")
-  flags.DEFINE_integer("batch", None, "plan: the global batch; default the config's (with "
+  flags.DEFINE_integer("batch", None, "estimate: the global batch; default the config's (with "
                        "--generate: the prompts generated at once, default 1).", lower_bound=1)
-  flags.DEFINE_integer("generate", None, "plan: plan generation, not training, of sequences "
+  flags.DEFINE_integer("generate", None, "estimate: plan generation, not training, of sequences "
                        "this many tokens long, prompt included (a KerasHub causal LM): weights, "
                        "key/value cache and working memory per device.", lower_bound=1)
-  flags.DEFINE_string("memory", None, "plan: each device's memory, as 16GiB, 512MiB or bytes "
+  flags.DEFINE_string("memory", None, "estimate: each device's memory, as 16GiB, 512MiB or bytes "
                       "(plan for the devices you will run on); default: this machine's (a "
                       "GPU's memory limit or size, the RAM for CPUs).")
   flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "

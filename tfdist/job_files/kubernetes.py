@@ -35,6 +35,7 @@ KINDS = ("tfjob", "jobset", "statefulset")
 CONFIG_DIR = "/etc/tfdist"
 CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
 INDEX_ENV = "TFDIST_TASK_INDEX"
+JOB_ID_ENV = "TFDIST_JOB_ID"  # Read by the launcher (launch/plan.py new_run_name).
 DEFAULT_PORT = 2222
 _TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 # TFJob and Service names are DNS-1035 labels (a letter first); namespaces DNS-1123 labels.
@@ -218,7 +219,8 @@ def _statefulsets(config, command, *, name, image, namespace, port, storage) -> 
     container = {
         "name": "tfdist", "image": image, "command": argv,
         "env": [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}],
+            "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}},
+                {"name": JOB_ID_ENV, "value": name}],  # The run's name (launch's logs).
         "ports": [{"name": "grpc", "containerPort": port}]}
     service = f"{name}-{job}"
     if job != "evaluator":  # It serves nothing.
@@ -258,7 +260,10 @@ def _jobset(config, command, *, name, image, namespace, port, storage,
     container = {
         "name": "tfdist", "image": image, "command": argv,
         "env": [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}],
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+                # The run's name: the JobSet's, the same after it restarts the set.
+                {"name": JOB_ID_ENV, "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}}}],
         "ports": [{"name": "grpc", "containerPort": port}]}
     pod = {**_pod_spec(container, name, storage), "restartPolicy": "Never",
            "terminationGracePeriodSeconds": GRACE_SECONDS}

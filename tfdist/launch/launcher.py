@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import secrets
 import sys
 import time
 from typing import Mapping, Sequence
@@ -99,7 +100,8 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
              else options.backend)
   found = backend.discover(load_config(config_path, environ={}), options, environ)
   config, host_gpus = found.config, facts.visible_gpus()
-  log_dir = options.logs or f"tfdist-logs/{time.strftime('%Y%m%d-%H%M%S')}"
+  log_dir = options.logs or os.path.join(
+      "tfdist-logs", plan.new_run_name(environ, time.time(), secrets.token_hex(3)))
   held = []  # The ports of the running plan, held until it ends.
 
   def make_plan(fresh: bool = False):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import time
 import sys
 from typing import Sequence
 
@@ -167,6 +168,22 @@ def _user_command_env(fresh: bool, log_dir: str) -> tuple[tuple[str, str], ...]:
   after the launch's log directory, and `fresh` starts over."""
   return ((PREPARE_ENV, "1"), (RUN_ENV, run_name(log_dir))) + \
       (((FRESH_ENV, "1"),) if fresh else ())
+
+
+def new_run_name(environ, now: float, token: str) -> str:
+  """The name of a new launch's run, unique per job: Slurm's job id (the same across a
+  requeue, so the requeued job resumes its own backup), a Kubernetes job's (`TFDIST_JOB_ID`,
+  set by the exported manifests from the Job's name), else the local time `now` and a random
+  `token` (two launches in one second differ). Pure.
+
+  >>> new_run_name({"SLURM_JOB_ID": "1041"}, 0, "a1b2c3")
+  'slurm-1041'
+  """
+  if environ.get("TFDIST_JOB_ID"):
+    return environ["TFDIST_JOB_ID"]
+  if environ.get("SLURM_JOB_ID"):
+    return f"slurm-{environ['SLURM_JOB_ID']}"
+  return f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{token}"
 
 
 def run_name(log_dir: str) -> str:

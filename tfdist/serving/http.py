@@ -241,7 +241,9 @@ def _from_npy(body: bytes) -> np.ndarray:
 
 
 def _keys(document) -> str:
-  return repr(sorted(document)) if isinstance(document, dict) else type(document).__name__
+  if isinstance(document, dict):
+    return repr(sorted(document)) if document else "an empty object {}"
+  return type(document).__name__
 
 
 async def serve(predictor: BatchingPredictor, name: str, *, host: str, port: int,

@@ -25,6 +25,7 @@ import tempfile
 
 import keras
 
+from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
 
@@ -51,7 +52,8 @@ def scratch_dir(config: Config):
   process is gone."""
   prefix = f"tfdist-{task_name(config)}-"
   _remove_orphans(prefix)
-  scratch = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+  run = os.environ.get(RUN_ENV, "local").replace(os.sep, "_")  # Keyed by the launch's run.
+  scratch = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{run}-")
   try:
     yield scratch
   finally:

@@ -76,6 +76,15 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   """
   config = as_config(config)
   _refuse_keras_distribution()
+  settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
+  with settings.holding_checkpoint_dir(config):
+    return _fit(model_fn, train_data, y, config, compile, batch_size, epochs, steps_per_epoch,
+                shuffle, validation_data, callbacks, fit_kwargs)
+
+
+def _fit(model_fn, train_data, y, config: Config, compile, batch_size, epochs, steps_per_epoch,
+         shuffle, validation_data, callbacks, fit_kwargs):
+  """`fit`'s steps, in order."""
   from tfdist.training import dtype_policy, user_files
   run = _start(model_fn, compile, config, batch_size, epochs)
   if run.evaluator:
@@ -136,8 +145,7 @@ class _Run:
 
 def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: int | None
            ) -> _Run:
-  """The strategy made, the settings checked against fit's paths, the model built."""
-  settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
+  """The strategy made, the model built."""
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   import keras
   if config.training.seed is not None:

@@ -110,6 +110,7 @@ class TrainingLoop:
     self.config = as_config(config)
     self._paths = settings.paths_of(self.config, settings.LOOP)
     settings.refuse_unhonoured(self.config, self._paths)
+    self._lease = settings.hold_checkpoint_dir(self.config)  # Released when the epochs end.
     self.strategy = make_strategy(self.config)
     self.asynchronous = self.config.strategy.name == "parameter_server"
     self.replicas = self.strategy.num_replicas_in_sync
@@ -398,6 +399,9 @@ class TrainingLoop:
         self.save()
     for model in self._models():
       dtype_policy.give_back(model, self.precision.policy, self._built_with)
+    if self._lease is not None:
+      self._lease.release()
+      self._lease = None
 
   def save(self) -> str | None:
     """Checkpoints the prepared models and optimizers, the step, the epoch and the steps into it

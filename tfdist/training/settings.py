@@ -104,6 +104,25 @@ def refuse_unhonoured(config: Config, paths: tuple[str, ...]) -> None:
                           source=config.source)
 
 
+def hold_checkpoint_dir(config: Config):
+  """This job's lease on `checkpoint.dir` (`training.lease`), taken before any path trains:
+  another live job writing there is refused in one line. Returns the `Lease` to release, or
+  None."""
+  from tfdist.training import lease
+  return lease.hold(config)
+
+
+@contextlib.contextmanager
+def holding_checkpoint_dir(config: Config):
+  """`hold_checkpoint_dir` while inside."""
+  held = hold_checkpoint_dir(config)
+  try:
+    yield
+  finally:
+    if held is not None:
+      held.release()
+
+
 def precision(config: Config):
   """The `machine.precision.Precision` the run builds its model in: the config's
   `training.mixed_precision` (`auto` measured on this machine)."""
