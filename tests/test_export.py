@@ -244,9 +244,10 @@ def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
         spec["template"]["metadata"]["labels"]
     assert spec["podManagementPolicy"] == "Parallel"
     (container,) = spec["template"]["spec"]["containers"]
-    (index_env,) = container["env"]
+    index_env, job_id_env = container["env"]
     assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert job_id_env == {"name": "TFDIST_JOB_ID", "value": "job"}  # The run's name (issue 40).
     job = stateful_set["metadata"]["labels"]["tfdist/role"]
     for ordinal in range(spec["replicas"]):
       # Kubernetes expands $(VAR) in a command from the container's env: here, the pod index.

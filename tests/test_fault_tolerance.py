@@ -77,7 +77,7 @@ def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
     assert p.process.returncode == 0, p.output()[-3000:]
     assert _lines(p, "EPOCH_BEGIN ")[0] == str(KILLED_AFTER_EPOCH)  # Epoch k+1, 0-based k.
     weights = json.loads(_lines(p, "RESULT ")[0])
-    for got, want in zip(weights, uninterrupted_weights):
+    for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
 
   # The user's CSVLogger appended after the restart: every epoch once, the first run's kept.
@@ -123,7 +123,7 @@ def test_a_sigterm_mid_epoch_saves_every_worker_at_one_step_and_the_restart_resu
     assert p.process.returncode == 0, p.output()[-3000:]
     assert _lines(p, "EPOCH_BEGIN ")[0] == "2"
     weights = json.loads(_lines(p, "RESULT ")[0])
-    for got, want in zip(weights, uninterrupted_weights):
+    for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
   chief = second[0].output()
   assert f"tfdist: resuming at epoch 3 of 6, step {step + 1} from" in chief, chief[-3000:]

@@ -54,7 +54,7 @@ def assert_same_training(result, reference, variant="plain"):
                                atol=tolerance, err_msg=key)
   np.testing.assert_allclose(result["evaluate"], reference["evaluate"], atol=tolerance)
   np.testing.assert_allclose(result["predict"], reference["predict"], atol=tolerance)
-  for got, want in zip(result["weights"], reference["weights"]):
+  for got, want in zip(result["weights"], reference["weights"], strict=True):
     np.testing.assert_allclose(got, want, atol=tolerance)
   if half:
     assert result["compute_dtype"] == half and result["predict_dtype"] == "float32"

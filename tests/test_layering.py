@@ -7,7 +7,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 LAYERS = (
-    {"errors", "exit_codes", "machine"},
+    {"errors", "exit_codes", "progress", "machine"},
     {"config"},
     {"strategy", "parallel", "serving"},
     {"monitoring"},

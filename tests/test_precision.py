@@ -1,6 +1,7 @@
 """`training.mixed_precision`: which policy each mode means on which machine, and what a model
 built by tfdist.fit under it computes in."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -89,9 +90,14 @@ def test_fit_follows_the_probes_answer_and_says_what_it_measured(bf16_cpu, capsy
   precision.policy_for("auto", measure=lambda half, device: speedup)  # The machine's cache.
   speed._MEMO.clear()
   x, y = case.data()
+  trained_in = []
+  seen = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: trained_in.append(
+      seen.model.layers[0].dtype_policy.name))
   model = tfdist.fit(case.model_fn, x, y, config={"strategy": "default"},
-                     compile=case.compile_args, batch_size=32, epochs=1, verbose=0).model
-  assert model.layers[0].dtype_policy.name == policy
+                     compile=case.compile_args, batch_size=32, epochs=1, verbose=0,
+                     callbacks=[seen]).model
+  assert set(trained_in) == {policy}  # Trained in what auto chose...
+  assert model.layers[0].dtype_policy.name == "float32"  # ...and given back (issue 33).
   line = next(line for line in capsys.readouterr().out.splitlines()
               if line.startswith("tfdist: default"))
   assert said in line and "(cached)" in line, line

@@ -5,7 +5,8 @@ per-example loss, `tape.gradient`, `optimizer.apply_gradients`, a Keras accuracy
     python custom_loop.py OUT_DIR [keras_loss|reduce_mean] [EXIT_AFTER_EPOCH]
 
 With PAUSE_AT=EPOCH:CALL, the chief of a first attempt prints PAUSED after that call of that
-epoch (1-based) and waits until OUT_DIR/go exists: a test preempts it there.
+epoch (1-based) and waits until OUT_DIR/go exists: a test preempts it there. With
+HANG_AT=EPOCH:CALL, worker-1 of a first attempt (no OUT_DIR/hung) blocks for good there.
 
 Under the launcher's config; the chief writes OUT_DIR/result.npz (weights, per-epoch loss and
 accuracy). With EXIT_AFTER_EPOCH=k, worker-1 of a first attempt (no OUT_DIR/crashed marker)
@@ -69,6 +70,7 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
     for logs in loop.run(train_step, dataset, steps=len(x) // loop.global_batch_size):
       total, calls = total + float(logs["loss"]), calls + 1
       _pause_if_asked(out, epoch + 1, calls)
+      _hang_if_asked(out, epoch + 1, calls)
     losses.append(total / calls)
     accuracies.append(float(accuracy.result()))
     accuracy.reset_state()
@@ -78,6 +80,20 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
       open(os.path.join(out, "crashed"), "w").close()
       os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
   return [w.numpy() for w in model.weights], losses, accuracies
+
+
+def _hang_if_asked(out, epoch, call):
+  if os.environ.get("HANG_AT") != f"{epoch}:{call}" or tfdist.task() is None or \
+      tfdist.task().index != 1 or os.path.exists(os.path.join(out, "hung")):
+    return
+  open(os.path.join(out, "hung"), "w").close()
+  block_forever()
+
+
+def block_forever():
+  """A deadlock in the user's own loop: the process lives, its heartbeat beats."""
+  import threading
+  threading.Event().wait()
 
 
 def _pause_if_asked(out, epoch, call):

@@ -7,7 +7,10 @@ kill it there. With PAUSE_AT=e:s, the first task prints `PAUSED` after step s (1
 epoch e (0-based) and goes on 5 s later, so a test can send it a preemption notice mid-epoch.
 With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there; with
 STEPS_PER_EXECUTION=n, n steps a call (1 by default); with STEP_LINES=1, the first task prints
-`STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more."""
+`STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more. With HANG_AT=e:s and
+HANG_MARKER=PATH, worker-1 of a first attempt (no PATH yet) blocks for good in a callback after
+step s of epoch e (`block_forever`); with SLOW_EPOCH_END=S the first task's `on_epoch_end` takes
+S seconds."""
 
 import json
 import os
@@ -38,6 +41,12 @@ def train(config, callbacks=()):
   return history.model
 
 
+def block_forever():
+  """A deadlock in a user's callback: the process lives, its heartbeat beats."""
+  import threading
+  threading.Event().wait()
+
+
 class Progress:
   def __new__(cls, task):
     import keras
@@ -45,6 +54,8 @@ class Progress:
 
     def end(epoch, logs):
       print(f"EPOCH_END {epoch}", flush=True)
+      if task in ("worker-0", "local"):
+        time.sleep(float(os.environ.get("SLOW_EPOCH_END", "0")))
       if task == "worker-1" and epoch + 1 == pause:
         time.sleep(600)
     paused_at = os.environ.get("PAUSE_AT")
@@ -54,6 +65,11 @@ class Progress:
       if os.environ.get("STEP_LINES") and task in ("worker-0", "local"):
         print(f"STEP {position['epoch']} {batch + 1}", flush=True)
         time.sleep(0.2)  # A call that takes time, as a real model's does.
+      marker = os.environ.get("HANG_MARKER")
+      if os.environ.get("HANG_AT") == f"{position['epoch']}:{batch + 1}" and \
+          task == "worker-1" and marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        block_forever()
       if paused_at == f"{position['epoch']}:{batch + 1}" and task in ("worker-0", "local"):
         print("PAUSED", flush=True)
         time.sleep(5)

@@ -7,7 +7,7 @@ from absl import flags
 
 COMMAND_FLAGS = {
     "launch": ("task", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
-               "heartbeat-timeout", "grace-period", "logs", "verbose", "keep-alive", "port",
+               "heartbeat-timeout", "hang-timeout", "grace-period", "logs", "verbose", "keep-alive", "port",
                "tensorboard"),
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
@@ -58,6 +58,11 @@ def define_flags() -> None:
   flags.DEFINE_float("heartbeat-timeout", 60, "launch: seconds a task may go without a "
                      "heartbeat (frozen: stopped, swapped out) before it is named as the root "
                      "cause and the launch fails.", lower_bound=1)
+  flags.DEFINE_float("hang-timeout", None, "launch: seconds no task's training may progress "
+                     "while one waits in a call before the hang is named, every task's stack "
+                     "written to its log and the cluster stopped (restarted within "
+                     "--max-restarts); default max(10 x the slowest call, 60), armed after "
+                     "every task's first call.", lower_bound=1)
   flags.DEFINE_float("grace-period", 5, "launch: seconds between SIGTERM and SIGKILL when "
                      "stopping tasks.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "

@@ -13,8 +13,9 @@ import sys
 from absl import flags
 
 USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--fresh] "
-         "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--grace-period S] "
-         "[--logs DIR] [--verbose] [--keep-alive] [--tensorboard] [--port P] -- COMMAND")
+         "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--hang-timeout S] "
+         "[--grace-period S] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] [--port P] "
+         "-- COMMAND")
 FLAGS = flags.FLAGS
 
 
@@ -29,6 +30,7 @@ def run(args: list[str], task: str | None) -> int:
       dry_run=FLAGS["dry-run"].value, fresh=FLAGS.fresh,
       max_restarts=FLAGS["max-restarts"].value, startup_timeout=FLAGS["startup-timeout"].value,
       heartbeat_timeout=FLAGS["heartbeat-timeout"].value,
+      hang_timeout=FLAGS["hang-timeout"].value,
       grace_period=FLAGS["grace-period"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
       tensorboard=FLAGS.tensorboard)
   result = launch(args[0], args[1:], options)

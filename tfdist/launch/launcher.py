@@ -37,6 +37,8 @@ class LaunchOptions:
       worker alone) or a preemption.
     startup_timeout: seconds for every task's server to come up.
     heartbeat_timeout: seconds a task may go without a heartbeat.
+    hang_timeout: seconds no training task may progress while one waits in a call (a hang);
+      None: max(10 x the slowest call so far, 60), armed after every task's first call.
     grace_period: seconds between a forwarded signal and SIGKILL.
     logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
     verbose: show every task's output, not only the chief's.
@@ -59,6 +61,7 @@ class LaunchOptions:
   max_restarts: int = 0
   startup_timeout: float = 120
   heartbeat_timeout: float = 60
+  hang_timeout: float | None = None
   grace_period: float = 5
   logs: str | None = None
   verbose: bool = False
@@ -136,7 +139,8 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
     outcome = supervisor.Supervisor(
         lambda: next(plans, None) or make_plan(), startup_timeout=options.startup_timeout,
         max_restarts=options.max_restarts, grace_period=options.grace_period,
-        heartbeat_timeout=options.heartbeat_timeout, verbose=options.verbose, on_say=events,
+        heartbeat_timeout=options.heartbeat_timeout, hang_timeout=options.hang_timeout,
+        verbose=options.verbose, on_say=events,
         start_process=backend.start).run()
   finally:
     stack.close()

@@ -2,22 +2,31 @@
 touches, plain-text logs (a task dies with the launcher: `tfdist.machine.children`).
 
 ```python
-start_from_environment()             # in a task: touches $TFDIST_HEARTBEAT every second
+start_from_environment()             # in a task: writes its progress to $TFDIST_HEARTBEAT
+                                     # every second
 age = heartbeat_age(path)            # in the launcher: seconds since the task's last beat
 ```
 """
 
 from __future__ import annotations
 
+import faulthandler
+import json
 import os
 import re
+import signal
 import threading
 import time
 from typing import MutableMapping
 
+import tfdist.progress as progress
+
 HEARTBEAT_ENV = "TFDIST_HEARTBEAT"
 """The file a launched task touches every `BEAT_SECONDS` while its process runs."""
 BEAT_SECONDS = 1.0
+STACKS_SIGNAL = signal.SIGQUIT
+"""Makes a launched task write every thread's Python stack to its log (faulthandler): the JVM's
+thread-dump signal, never forwarded as a stop or preemption notice."""
 # Cursor moves, colours and the progress bar's carriage returns and backspaces.
 _CONTROL = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|[\x08\x0d]")
 
@@ -37,17 +46,29 @@ def start_from_environment(environ: MutableMapping[str, str] = os.environ) -> bo
   if not path:
     return False
 
+  # The launcher's hang deadline asks every task for its Python stacks with STACKS_SIGNAL.
+  faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+
   def beat():
     while True:
-      try:
-        os.utime(path)
-      except FileNotFoundError:
-        open(path, "a").close()
+      try:  # Written whole: the launcher may read it at any moment.
+        with open(f"{path}.next", "w") as out:
+          json.dump(progress.snapshot(), out)
+        os.replace(f"{path}.next", path)
       except OSError:
         return
       time.sleep(BEAT_SECONDS)
   threading.Thread(target=beat, name="tfdist-heartbeat", daemon=True).start()
   return True
+
+
+def read_progress(path: str) -> dict | None:
+  """The progress a task's heartbeat file holds (`tfdist.progress.snapshot`), or None."""
+  try:
+    with open(path) as beat:
+      return json.load(beat)
+  except (OSError, ValueError):
+    return None
 
 
 def heartbeat_age(path: str, now: float | None = None) -> float | None:

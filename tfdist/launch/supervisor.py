@@ -20,6 +20,7 @@ import time
 from typing import Callable, Sequence, TextIO
 
 from tfdist.launch import liveness
+from tfdist.launch.hangs import Hang, HangWatch, lost_peers
 from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
 from tfdist.exit_codes import PREEMPTED
@@ -39,6 +40,7 @@ NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 the tasks to save and exit (`checkpoint.preemption_signal`)."""
 _FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier root cause.
 _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
+_STACKS_WRITTEN = 2.0  # Seconds for the tasks' faulthandler to write their stacks.
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
 _NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
 
@@ -69,6 +71,8 @@ class Supervisor:
     max_restarts: restarts allowed (of the cluster, or of a failed parameter-server worker).
     grace_period: seconds between SIGTERM and SIGKILL when stopping.
     heartbeat_timeout: seconds without a heartbeat after which a task counts as frozen.
+    hang_timeout: seconds without training progress while a task waits in a call, after which
+      the cluster counts as hung (`hangs.HangWatch`; None: derived from the calls' times).
     verbose: show every task's output; by default only the chief's (every worker prints the
       same progress), or every task's when this launcher runs no chief. All go to the logs.
     out: where prefixed output and the launcher's messages go; None, or once it is closed,
@@ -80,7 +84,7 @@ class Supervisor:
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
                max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
-               verbose: bool = False, out: TextIO | None = sys.stdout,
+               hang_timeout: float | None = None, verbose: bool = False, out: TextIO | None = sys.stdout,
                on_say: Callable[[str], None] | None = None,
                start_process: Callable[[ProcessPlan], subprocess.Popen] | None = None):
     from tfdist.launch.backends import local
@@ -90,6 +94,7 @@ class Supervisor:
     self.restarts_left = max_restarts
     self.grace_period = grace_period
     self.heartbeat_timeout = heartbeat_timeout
+    self.hang_timeout = hang_timeout
     self.verbose = verbose
     self.out = out
     self.on_say = on_say
@@ -192,6 +197,7 @@ class Supervisor:
     waiting = dict(plan.peers)  # Every task's server, this host's and its peers'.
     rejoining: dict[str, str] = {}
     noise_said = 0
+    hangs = HangWatch(self.hang_timeout)
     while True:
       while self._notices:
         signum = self._notices.pop(0)
@@ -259,12 +265,41 @@ class Supervisor:
         self._running[self._running.index(cause)] = self._start(cause.plan)
         if cause.plan.address:
           rejoining[cause.plan.name] = cause.plan.address
+      elif (hang := self._hang(hangs)) is not None:
+        return self._after_hang(hang)
       elif all(r.process.poll() == 0 for r in workers or self._running):
         # Done: every task running the user's command succeeded; on a host running only
         # servers (a parameter-server cluster's ps and workers), every server ended with 0.
         self.say("every task finished: done")
         return Outcome(OK, "done")
       time.sleep(0.1)
+
+  def _trainers(self) -> list[Running]:
+    """The running tasks whose training progress counts: not servers, not the evaluator."""
+    return [r for r in self._running if r.process.poll() is None and not r.plan.serves and
+            (r.plan.task is None or r.plan.task.type != "evaluator")]
+
+  def _hang(self, hangs: HangWatch) -> Hang | None:
+    return hangs.observe(time.monotonic(), {r.plan.name: liveness.read_progress(_heartbeat(r))
+                                            for r in self._trainers()})
+
+  def _after_hang(self, hang: Hang) -> Outcome | None:
+    """Every task's Python stacks into its log, the hang named as its task's failure, then a
+    restart of the whole cluster within the budget (None) or the launch's end."""
+    for r in self._trainers():  # faulthandler, registered by `import tfdist` in each task.
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(r.process.pid, liveness.STACKS_SIGNAL)
+    time.sleep(_STACKS_WRITTEN)
+    cause = next(r for r in self._running if r.plan.name == hang.behind)
+    self.say(f"{hang.describe()}: the root cause. Every task's Python stack (all threads) is "
+             f"in its log: {cause.plan.log} and its peers' (--hang-timeout sets the deadline)")
+    if self.restarts_left <= 0:
+      self.say("no restarts left (--max-restarts): stopping every task")
+      return Outcome(TASK_FAILED, f"{hang.behind} hung ({hang.waited:.0f} s without progress)")
+    self.restarts_left -= 1
+    self.say(f"restarting the whole cluster ({self.restarts_left} restart(s) left after this); "
+             "training resumes from its backup")
+    return None
 
   def _frozen(self, after: float) -> Running | None:
     """The running task silent longest, if its heartbeat is older than `after` seconds."""
@@ -274,6 +309,16 @@ class Supervisor:
 
   def _report_root_cause(self, cause: Running, consequence: Running | None = None) -> None:
     cause.pump.join(timeout=0 if cause.process.poll() is None else 2)
+    lost = [name for name in lost_peers(_tail(cause.plan.log, lines=200), cause.plan.name)
+            if name not in {r.plan.name for r in self._running}]
+    if lost:  # A peer on another host, lost: the root cause is there, not here.
+      what, detail = _how_it_ended(cause)
+      self.say(f"{', '.join(lost)} was lost (TensorFlow's coordination service got no "
+               f"heartbeats from it: its host, its link or its process is gone): the root "
+               f"cause; {cause.plan.name} {what} {detail} because of it. Look at "
+               f"{', '.join(lost)}'s host and log. {cause.plan.name}'s log "
+               f"({cause.plan.log}) ends:\n" + _tail(cause.plan.log))
+      return
     what, detail = _how_it_ended(cause)
     then = (f"; {consequence.plan.name} {' '.join(_how_it_ended(consequence))} after it"
             if consequence else "")
@@ -298,10 +343,11 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
     os.killpg(process.pid, signum)
 
 
-def _tail(path: str) -> str:
+def _tail(path: str, lines: int = _TAIL_LINES) -> str:
+  count = lines
   try:
     with open(path, errors="replace") as f:
-      lines = f.read().splitlines()[-_TAIL_LINES:]
+      lines = f.read().splitlines()[-count:]
   except OSError:
     lines = ["(no log)"]
   return "\n".join("    " + line for line in lines)

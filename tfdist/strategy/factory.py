@@ -28,7 +28,8 @@ def make_strategy(config: ConfigLike = None):
   """Makes the strategy a config names, for the task this process runs.
 
   The same strategy, cluster, devices and task give the same strategy object within a process
-  (options `tfdist.fit` applies, like gradient_compression, do not make another).
+  (options `training.settings` applies to every training path, like gradient_compression, do
+  not make another).
   Applies `devices` first (before TensorFlow initialises its devices). An evaluator task gets
   the default strategy: it evaluates on its own machine.
 
@@ -54,9 +55,9 @@ def make_strategy(config: ConfigLike = None):
   """
   config = as_config(config)
   options = config.strategy.options
-  if getattr(options, "gradient_compression", "none") != "none":  # Applied by fit, not here.
+  if getattr(options, "gradient_compression", "none") != "none":  # Applied by training.settings.
     options = dataclasses.replace(options, gradient_compression="none")
-  if getattr(options, "average_every", 0):  # Applied by fit, not here.
+  if getattr(options, "average_every", 0):  # Applied by training.settings.
     options = dataclasses.replace(options, average_every=0)
   key = repr((config.strategy.name, options, config.devices, config.cluster, config.task))
   if key not in _STRATEGIES:

@@ -48,6 +48,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import tfdist.progress as progress
 from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
@@ -255,11 +256,14 @@ class TrainingLoop:
     while steps is None or done < steps:
       count = self.config.training.steps_per_execution
       count = count if steps is None else min(count, steps - done)
+      progress.begin_call(self._epoch, self._steps_into_epoch)
       try:
         with replica_math.unscaled_keras_losses():
           outputs, ran = call(iterator, tf.constant(count))
       except (StopIteration, tf.errors.OutOfRangeError):
+        progress.finish_call()
         break
+      progress.finish_call(self._steps_into_epoch + int(ran))
       done += int(ran)
       self._after_call(int(ran))
       yield _numpy(outputs)
@@ -354,7 +358,9 @@ class TrainingLoop:
     calls = [self._coordinator.schedule(self._compiled[key], args=(iterator,))
              for _ in range(math.ceil(steps / per_call))]
     for i, scheduled in enumerate(calls):
+      progress.begin_call(self._epoch, self._steps_into_epoch)
       outputs = _numpy(scheduled.fetch())
+      progress.finish_call(self._steps_into_epoch + per_call)
       if self._listening and self._notice.stop_now():  # The calls scheduled run first.
         self._coordinator.join()
         self._advance(per_call * (len(calls) - i))
@@ -391,7 +397,9 @@ class TrainingLoop:
                                                         self._built_with))
       for epoch in range(self._epoch, count):
         self._epoch = epoch
+        progress.between(epoch)
         yield epoch
+        progress.idle()  # The epoch's end: its checkpoint.
         self._epoch, self._steps_into_epoch = epoch + 1, 0
         if epoch + 1 == count and self._averaging is not None and \
             self._averaging._average is not None:
