@@ -19,6 +19,7 @@ from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
 from tfdist.errors import (ConfigError, DeviceSetupError, MissingExtraError, ModelError,
                            TfdistError, UnsupportedError)
+from tfdist.errors import report_in_one_line as _report_in_one_line
 from tfdist.launch.liveness import start_from_environment as _beat
 from tfdist.strategy import (central_storage, cluster_resolver, configure_devices, default,
                              make_strategy, mirrored, multi_worker_mirrored, one_device,
@@ -41,7 +42,8 @@ the package of the launcher)."""
 _RENAMED = {"serve": "run_cluster_server", "start_server": "start_cluster_server"}
 """Old names, kept for this release (0.1) with a DeprecationWarning; gone in the next."""
 
-_beat()  # A launched task tells its launcher it is alive, even while the strategy waits.
+if _beat():  # A launched task tells its launcher it is alive, even while the strategy waits,
+  _report_in_one_line()  # and says a refusal of tfdist's in one line.
 _prepare()  # A launched task's strategy, before the script can start TensorFlow.
 
 

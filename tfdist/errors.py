@@ -158,3 +158,24 @@ class UnsupportedError(TfdistError, RuntimeError):
   assert issubclass(tfdist.UnsupportedError, RuntimeError)
   ```
   """
+
+
+TRACEBACK_ENV = "TFDIST_TRACEBACK"
+
+
+def report_in_one_line() -> None:
+  """Makes an uncaught `TfdistError` in this process print as one line (`tfdist: ...`, as the
+  CLI prints it) and exit with 2, the CLI's code for a refused config; other exceptions, and
+  every one with `TFDIST_TRACEBACK=1`, keep Python's traceback. `import tfdist` calls it in a
+  task `tfdist launch` started, where the launcher shows the line as the root cause."""
+  import os
+  import sys
+  keras_hook = sys.excepthook
+
+  def hook(kind, value, traceback):
+    if issubclass(kind, TfdistError) and os.environ.get(TRACEBACK_ENV) != "1":
+      print(f"tfdist: {value} (TFDIST_TRACEBACK=1 shows the traceback)", file=sys.stderr,
+            flush=True)
+      os._exit(2)  # TensorFlow's threads could keep a normal exit waiting.
+    keras_hook(kind, value, traceback)
+  sys.excepthook = hook

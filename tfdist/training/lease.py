@@ -162,10 +162,10 @@ def hold(config: Config, environ=os.environ) -> Lease | None:
 
 
 def _refuse(config: Config, directory: str, holder: dict) -> None:
-  age = time.time() - float(holder.get("heartbeat", time.time()))
+  age = max(time.time() - float(holder.get("heartbeat", time.time())), 0.0)
   raise ConfigError(
       f"is held by another running job: run {holder.get('run', holder.get('job'))} (host {holder.get('host')}, pid "
       f"{holder.get('pid')}, heartbeat {age:.0f} s ago); two jobs would resume from and "
-      f"overwrite each other's backups: give this job its own checkpoint.dir (a sweep: one "
-      f"per job, e.g. ckpt/${{SLURM_JOB_ID}}), or wait for that one to end",
+      f"overwrite each other's backups: give this job a checkpoint.dir of its own (one per job "
+      f"of a sweep), or wait for that one to end",
       key="checkpoint.dir", received=directory, source=config.source)

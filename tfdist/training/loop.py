@@ -471,7 +471,7 @@ class TrainingLoop:
     if self._averaging is not None and self._averaging._average is not None:
       self._averaging.end()
     self.save()
-    preemption.exit_preempted(f"epoch {self._epoch + 1}, step {self._steps_into_epoch}",
+    self._notice.exit_preempted(f"epoch {self._epoch + 1}, step {self._steps_into_epoch}",
                               self.print)
 
   def _models(self) -> list:

@@ -65,6 +65,17 @@ class Notice:
       signal.signal(s, handler)
     self._previous = {}
 
+  def exit_preempted(self, where: str, say=print) -> None:
+    """Says where the backup was saved and exits with `PREEMPTED`, deaf to further notices
+    while the process ends: Slurm's srun stops a step's other tasks (SIGTERM) once one exits
+    42, and a task still tearing TensorFlow down would die of it, not exit 42 (seen on a real
+    Slurm)."""
+    if threading.current_thread() is threading.main_thread():
+      for s in self.signals:
+        signal.signal(s, signal.SIG_IGN)
+    self._previous = {}
+    exit_preempted(where, say)
+
   def _on_signal(self, signum, frame) -> None:
     del frame
     if not self.noticed.is_set():
@@ -128,8 +139,8 @@ class Preemption(keras.callbacks.Callback):
     if self.params.get("steps") and step >= self.params["steps"] + self.first_step:
       epoch, step = epoch + 1, 0  # The epoch's last call: resume at the next epoch.
     self.backup.save_position(epoch, step)
-    exit_preempted(f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}",
-                   self.say)
+    self.notice.exit_preempted(
+        f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}", self.say)
 
 
 def agreement(strategy):
