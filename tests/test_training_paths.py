@@ -343,3 +343,22 @@ def test_the_python_apis_bad_input_is_refused_in_one_line():
   loop = tfdist.TrainingLoop({"strategy": "default", "training": {"global_batch_size": 32}})
   with pytest.raises(ValueError, match=r"^dataset: a tf.data.Dataset must yield batches"):
     next(loop.run(lambda x, y: 0.0, unbatched))
+
+
+def test_a_clean_end_prints_no_crash_and_a_real_crash_is_still_shown(tmp_path):
+  """The chief works 15 s after training (past the coordination service's 10 s heartbeat
+  timeout): its peer waits for it at exit instead of being reported crashed. A worker that
+  raises still fails the launch at once, named."""
+  process = _launch(tmp_path, MWMS_LOOP, "reduce_mean", env={"CHIEF_END_S": "15"})
+  output = finish(process, 240, [])
+  assert process.returncode == 0, output[-3000:]
+  for log in (tmp_path / "logs").glob("*.log"):
+    text = log.read_text()
+    assert "The tasks have crashed" not in text and "unhealthy" not in text, text[-2000:]
+  assert "The tasks have crashed" not in output
+  process = _launch(tmp_path, MWMS_LOOP, "reduce_mean", env={"RAISE_AT": "2:1"},
+                    name="crash")
+  output = finish(process, 240, [])
+  assert process.returncode == 1, output[-3000:]
+  assert "worker-1 failed first (exit code 1): the root cause" in output, output[-3000:]
+  assert "RuntimeError: a bug in the user's loop" in output

@@ -69,3 +69,16 @@ def snapshot() -> dict:
   phase, and the slowest call's seconds."""
   with _lock:
     return dict(_state)
+
+
+_unclean_end: list[str] = []
+
+
+def end_unclean(why: str) -> None:
+  """This process ends on a failure or a preemption, not at its script's clean end: it leaves
+  at once rather than waiting for its peers at exit (`strategy.factory`'s exit barrier)."""
+  _unclean_end.append(why)
+
+
+def ends_clean() -> bool:
+  return not _unclean_end

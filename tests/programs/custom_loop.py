@@ -6,7 +6,9 @@ per-example loss, `tape.gradient`, `optimizer.apply_gradients`, a Keras accuracy
 
 With PAUSE_AT=EPOCH:CALL, the chief of a first attempt prints PAUSED after that call of that
 epoch (1-based) and waits until OUT_DIR/go exists: a test preempts it there. With
-HANG_AT=EPOCH:CALL, worker-1 of a first attempt (no OUT_DIR/hung) blocks for good there.
+HANG_AT=EPOCH:CALL, worker-1 of a first attempt (no OUT_DIR/hung) blocks for good there; with
+RAISE_AT=EPOCH:CALL it raises a RuntimeError there. With CHIEF_END_S=S, the chief works S
+seconds more after training (a clean end its peers reach first).
 
 Under the launcher's config; the chief writes OUT_DIR/result.npz (weights, per-epoch loss and
 accuracy). With EXIT_AFTER_EPOCH=k, worker-1 of a first attempt (no OUT_DIR/crashed marker)
@@ -71,6 +73,7 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
       total, calls = total + float(logs["loss"]), calls + 1
       _pause_if_asked(out, epoch + 1, calls)
       _hang_if_asked(out, epoch + 1, calls)
+      _raise_if_asked(epoch + 1, calls)
     losses.append(total / calls)
     accuracies.append(float(accuracy.result()))
     accuracy.reset_state()
@@ -80,6 +83,12 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
       open(os.path.join(out, "crashed"), "w").close()
       os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
   return [w.numpy() for w in model.weights], losses, accuracies
+
+
+def _raise_if_asked(epoch, call):
+  if os.environ.get("RAISE_AT") == f"{epoch}:{call}" and tfdist.task() is not None and \
+      tfdist.task().index == 1:
+    raise RuntimeError("a bug in the user's loop")
 
 
 def _hang_if_asked(out, epoch, call):
@@ -113,5 +122,6 @@ if __name__ == "__main__":
                                       out=out,
                                       exit_after=int(sys.argv[3]) if len(sys.argv) > 3 else None)
   if tfdist.is_chief():
+    time.sleep(float(os.environ.get("CHIEF_END_S", "0")))
     np.savez(os.path.join(out, "result.npz"), losses=losses, accuracies=accuracies,
              **{f"w{i}": w for i, w in enumerate(weights)})

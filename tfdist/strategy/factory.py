@@ -7,9 +7,12 @@ the same options as the YAML and validates them by the same rules.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping
 
+import tfdist.progress as progress
 from tfdist.config import loader, rules
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.config.schema import Config, StrategyConfig
@@ -292,7 +295,7 @@ def _build_multi_worker_mirrored(options, config: Config):
       bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds,
       implementation=implementation)
   try:
-    return tf.distribute.MultiWorkerMirroredStrategy(
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_resolver(config), communication_options=communication)
   except RuntimeError as e:
     if "must be configured at program startup" not in str(e):
@@ -300,6 +303,35 @@ def _build_multi_worker_mirrored(options, config: Config):
     raise DeviceSetupError(
         "multi_worker_mirrored must be made before TensorFlow runs anything (a dataset, an op, "
         f"a Keras optimizer): {RUN_TENSORFLOW_LATER}. Received: {e}") from None
+  if config.cluster.training_tasks > 1:
+    _leave_together_at_exit()
+  return strategy
+
+
+_EXIT_BARRIER_MS = 10 * 60 * 1000  # A peer's own end of script: evaluation, saving.
+
+
+def _leave_together_at_exit() -> None:
+  """At a clean end, every worker's process leaves when all of them do: one that left while
+  its peers still ran made TensorFlow's coordination service report it after its heartbeat
+  timeout ("The tasks have crashed" on a clean run, seen with a chief saving for 15 s after
+  training). A process ending on an uncaught exception or a preemption leaves at once (a
+  peer that crashed fails the barrier at once too)."""
+  import sys
+  python_hook = sys.excepthook
+
+  def failed(kind, value, traceback):
+    progress.end_unclean(kind.__name__)
+    python_hook(kind, value, traceback)
+  sys.excepthook = failed
+
+  def leave_together():
+    if not progress.ends_clean():
+      return
+    from tensorflow.python.eager import context
+    with contextlib.suppress(Exception):
+      context.context().wait_at_barrier("tfdist_exit", _EXIT_BARRIER_MS)
+  atexit.register(leave_together)
 
 
 def _build_parameter_server(options, config: Config):

@@ -27,6 +27,7 @@ import threading
 
 import keras
 
+import tfdist.progress as progress
 from tfdist.exit_codes import PREEMPTED
 
 
@@ -74,6 +75,7 @@ class Notice:
       for s in self.signals:
         signal.signal(s, signal.SIG_IGN)
     self._previous = {}
+    progress.end_unclean("preempted")  # Every peer saved too: none waits for another.
     exit_preempted(where, say)
 
   def _on_signal(self, signum, frame) -> None:
