@@ -19,6 +19,8 @@ from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV
 from tests.programs import custom_loop, resumable
 
+pytestmark = pytest.mark.usefixtures("two_cpus")  # In-process references: the suite's devices.
+
 
 def _p(begun, finished, phase, slowest=0.5, epoch=1, step=3):
   return {"begun": begun, "finished": finished, "phase": phase, "slowest": slowest,
@@ -85,7 +87,7 @@ def test_a_worker_blocked_in_a_callback_is_named_its_stack_kept_and_the_restart_
     tmp_path, uninterrupted_weights):
   code, output = _launch(
       tmp_path, MWMS % (tmp_path / "checkpoints"), "resumable.py",
-      flags=("--hang-timeout", "8", "--max-restarts", "1"),
+      flags=("--hang-timeout", "5", "--max-restarts", "1"),
       env={"HANG_AT": "1:3", "HANG_MARKER": str(tmp_path / "hung"), "TMPDIR": str(tmp_path)})
   assert code == 0, output[-4000:]
   line = next(l for l in output.splitlines() if "hang: " in l)
@@ -103,8 +105,8 @@ def test_a_worker_blocked_in_a_callback_is_named_its_stack_kept_and_the_restart_
 def test_a_slow_run_and_a_slow_epoch_end_are_never_named(tmp_path):
   code, output = _launch(
       tmp_path, MWMS % (tmp_path / "checkpoints"), "resumable.py",
-      flags=("--hang-timeout", "4"),
-      env={"STEP_LINES": "1", "SLOW_EPOCH_END": "6", "TMPDIR": str(tmp_path)})
+      flags=("--hang-timeout", "3"),
+      env={"STEP_LINES": "1", "SLOW_EPOCH_END": "5", "TMPDIR": str(tmp_path)})
   assert code == 0, output[-4000:]
   assert "hang:" not in output, output[-4000:]
 
@@ -113,14 +115,9 @@ def test_a_worker_blocked_in_its_own_loop_is_named_and_the_restart_finishes(tmp_
   config = ("cluster: {worker: 2}\ntraining: {global_batch_size: 32, mixed_precision: 'off', "
             f"steps_per_execution: 2}}\ncheckpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
   code, output = _launch(tmp_path, config, "custom_loop.py", str(tmp_path / "out"),
-                         "reduce_mean", flags=("--hang-timeout", "8", "--max-restarts", "1"),
+                         "reduce_mean", flags=("--hang-timeout", "5", "--max-restarts", "1"),
                          env={"HANG_AT": "2:2"})
   assert code == 0, output[-4000:]
   assert "hang: worker-1 has not begun call" in output, output[-4000:]
   assert "in block_forever" in (tmp_path / "logs" / "worker-1.log").read_text()
-  result = np.load(tmp_path / "out" / "result.npz")
-  want, _, _ = custom_loop.train({"strategy": "default", "training": {
-      "global_batch_size": 32, "mixed_precision": "off", "steps_per_execution": 2}},
-      "reduce_mean")
-  for i, w in enumerate(want):
-    np.testing.assert_allclose(result[f"w{i}"], w, atol=1e-5)
+  custom_loop.assert_one_devices_weights(tmp_path / "out" / "result.npz")

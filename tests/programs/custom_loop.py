@@ -85,6 +85,18 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
   return [w.numpy() for w in model.weights], losses, accuracies
 
 
+def assert_one_devices_weights(result_path, steps_per_execution=2, atol=1e-5):
+  """The chief's `result.npz` holds a one-device run's weights (this loop, reduce_mean, global
+  batch 32, float32): what a restarted, preempted or relaunched cluster must end with."""
+  want, _, _ = train({"strategy": "default", "training": {
+      "global_batch_size": 32, "mixed_precision": "off",
+      "steps_per_execution": steps_per_execution}}, "reduce_mean")
+  result = np.load(result_path)
+  assert len([k for k in result.files if k.startswith("w")]) == len(want)
+  for i, w in enumerate(want):
+    np.testing.assert_allclose(result[f"w{i}"], w, atol=atol)
+
+
 def _raise_if_asked(epoch, call):
   if os.environ.get("RAISE_AT") == f"{epoch}:{call}" and tfdist.task() is not None and \
       tfdist.task().index == 1:

@@ -9,8 +9,8 @@ With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there;
 STEPS_PER_EXECUTION=n, n steps a call (1 by default); with STEP_LINES=1, the first task prints
 `STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more. With HANG_AT=e:s and
 HANG_MARKER=PATH, worker-1 of a first attempt (no PATH yet) blocks for good in a callback after
-step s of epoch e (`block_forever`); with SLOW_EPOCH_END=S the first task's `on_epoch_end` takes
-S seconds."""
+step s of epoch e (`block_forever`); with SLOW_EPOCH_END=S the first task's first `on_epoch_end`
+takes S seconds."""
 
 import json
 import os
@@ -54,7 +54,7 @@ class Progress:
 
     def end(epoch, logs):
       print(f"EPOCH_END {epoch}", flush=True)
-      if task in ("worker-0", "local"):
+      if task in ("worker-0", "local") and epoch == 0:
         time.sleep(float(os.environ.get("SLOW_EPOCH_END", "0")))
       if task == "worker-1" and epoch + 1 == pause:
         time.sleep(600)

@@ -4,6 +4,7 @@ and starts with no signal blocked. Below every room that starts processes."""
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 
 _PR_SET_PDEATHSIG = 1
@@ -24,3 +25,16 @@ def start_as_child() -> None:
   them on: TensorBoard ignored the SIGTERM meant to stop it and was killed 10 s later."""
   die_with_parent()
   signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def alive(pid: int) -> bool:
+  """Whether process `pid` of this host is alive (one of another user's counts as alive)."""
+  if pid <= 0:
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True

@@ -28,6 +28,7 @@ import keras
 from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
+from tfdist.machine import children
 
 FINAL_MODEL = "model.keras"
 EPOCH_CHECKPOINT = "epoch-{epoch:04d}.weights.h5"
@@ -64,18 +65,8 @@ def _remove_orphans(prefix: str) -> None:
   root = tempfile.gettempdir()
   for name in os.listdir(root):
     pid = name[len(prefix):].split("-", 1)[0]
-    if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+    if name.startswith(prefix) and pid.isdigit() and not children.alive(int(pid)):
       shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 class Backup(keras.callbacks.BackupAndRestore):

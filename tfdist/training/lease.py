@@ -31,6 +31,7 @@ import time
 
 from tfdist.config.loader import RUN_ENV
 from tfdist.config.schema import Config
+from tfdist.machine import children
 from tfdist.errors import ConfigError
 
 FILE = ".tfdist-lease"
@@ -103,21 +104,10 @@ def gone(holder: dict, now: float | None = None) -> bool:
   """Whether a lease's holder is gone: its process dead on this host, or no heartbeat for
   `STALE_S` seconds. Pure but for the process check."""
   now = time.time() if now is None else now
-  if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", -1))):
+  if holder.get("host") == socket.gethostname() and \
+      not children.alive(int(holder.get("pid", -1))):
     return True
   return now - float(holder.get("heartbeat", 0)) > STALE_S
-
-
-def _alive(pid: int) -> bool:
-  if pid <= 0:
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 def hold(config: Config, environ=os.environ) -> Lease | None:
