@@ -24,7 +24,7 @@ COMMAND_FLAGS = {
 
 
 _METAVARS = {int: "N", float: "SECONDS"}
-_FLAG_METAVARS = {"max-wait-ms": "MS"}  # Units a flag's name states.
+_FLAG_METAVARS = {"max-wait-ms": "MS", "hang-timeout": "SECONDS"}  # Where the type cannot say.
 
 
 def flags_help(command: str) -> str:
