@@ -309,6 +309,7 @@ def _build_multi_worker_mirrored(options, config: Config):
 
 
 _EXIT_BARRIER_MS = 10 * 60 * 1000  # A peer's own end of script: evaluation, saving.
+_LEAVING_TOGETHER: list = []
 
 
 def _leave_together_at_exit() -> None:
@@ -318,6 +319,9 @@ def _leave_together_at_exit() -> None:
   training). A process ending on an uncaught exception or a preemption leaves at once (a
   peer that crashed fails the barrier at once too)."""
   import sys
+  if _LEAVING_TOGETHER:
+    return
+  _LEAVING_TOGETHER.append(True)  # Once a process: one barrier, one excepthook.
   python_hook = sys.excepthook
 
   def failed(kind, value, traceback):

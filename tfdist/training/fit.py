@@ -348,15 +348,12 @@ def _build(run: _Run, model_fn, compile) -> None:
   the settings applied (`settings`), split over devices when the config says (`hybrid`:
   averaging gradients across workers)."""
   from tfdist.training import dtype_policy
-  import keras
   config, strategy = run.config, run.strategy
   # Outside the scope: `auto`'s probe runs plain tensors on this process's device.
   run.chosen = settings.precision(config)
-  # The user's policy comes back after training only where tfdist chose another (`auto`).
-  run.built_with = keras.config.dtype_policy().name if settings.chosen_by_tfdist(
-      config, run.chosen) else run.chosen.policy
+  run.built_with = settings.given_back_policy(config, run.chosen)
   with strategy.scope():
-    with settings.building(config, run.chosen):
+    with dtype_policy.building_with(run.chosen.policy):
       model = model_fn()
     _require_model(model)
     dtype_policy.keep_outputs_float32(model)

@@ -82,5 +82,12 @@ class Averaging(keras.callbacks.Callback):
       self._average()
       self._done = due
 
+  @property
+  def begun(self) -> bool:
+    return self._average is not None
+
   def end(self) -> None:
-    self._average()  # The model saved after training is the replicas' average.
+    """Averages once more (the model saved after training is the replicas' average); nothing
+    before `begin`."""
+    if self.begun:
+      self._average()

@@ -56,8 +56,8 @@ from tfdist.errors import ConfigError
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
-from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, preemption,
-                             replica_math, report, settings)
+from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
+                             report, settings)
 
 
 class TrainingLoop:
@@ -118,9 +118,7 @@ class TrainingLoop:
     self.global_batch_size = batch_sizes(self.config.training, self.replicas).global_batch_size
     self.is_chief = is_chief(self.config)
     self.precision = settings.precision(self.config)
-    # The user's policy comes back when the epochs end, where tfdist chose another (`auto`).
-    self._built_with = keras.config.dtype_policy().name if settings.chosen_by_tfdist(
-        self.config, self.precision) else self.precision.policy
+    self._built_with = settings.given_back_policy(self.config, self.precision)
     self._notice = settings.preemption_notice(self.config, self.strategy)
     self._averaging = settings.averaging(self.strategy, self.config)
     self._fused, self._announced, self._listening = None, False, False
@@ -146,7 +144,7 @@ class TrainingLoop:
     """The strategy's scope: build the model, optimizer and metrics inside it. Layers made
     inside compute in the config's `training.mixed_precision` (what `auto` measured here);
     `prepare` keeps a model's output layers float32."""
-    with self.strategy.scope(), settings.building(self.config, self.precision):
+    with self.strategy.scope(), dtype_policy.building_with(self.precision.policy):
       yield
 
   def prepare(self, *objects):
@@ -401,8 +399,7 @@ class TrainingLoop:
         yield epoch
         progress.idle()  # The epoch's end: its checkpoint.
         self._epoch, self._steps_into_epoch = epoch + 1, 0
-        if epoch + 1 == count and self._averaging is not None and \
-            self._averaging._average is not None:
+        if epoch + 1 == count and self._averaging is not None:
           self._averaging.end()  # The model saved is the replicas' average.
         self.save()
     for model in self._models():
@@ -459,7 +456,7 @@ class TrainingLoop:
     due (`strategy.average_every`), and a termination notice acted on (every worker asks)."""
     self._advance(steps)
     if self._averaging is not None:
-      if self._averaging._average is None:
+      if not self._averaging.begun:
         self._averaging.begin([w for m in self._models() for w in m.weights],
                               self.step - steps)
       self._averaging.after_call(self.step)
@@ -468,7 +465,7 @@ class TrainingLoop:
 
   def _preempted(self) -> None:
     """Saves at this step (every worker at the same one) and exits with 42."""
-    if self._averaging is not None and self._averaging._average is not None:
+    if self._averaging is not None:
       self._averaging.end()
     self.save()
     self._notice.exit_preempted(f"epoch {self._epoch + 1}, step {self._steps_into_epoch}",

@@ -1,5 +1,6 @@
-"""Preemption: a termination notice during `tfdist.fit` or `tfdist.TrainingLoop` makes every worker save its backup at
-the same step and exit with `PREEMPTED`, so the restarted job resumes at that step.
+"""Preemption: a termination notice during `tfdist.fit` or `tfdist.TrainingLoop` makes every
+worker save its backup at the same step and exit with `PREEMPTED`, so the restarted job resumes
+at that step.
 
 Clusters take machines back after a notice and a grace period: Kubernetes and Slurm send
 SIGTERM, Slurm's `--signal` another signal before a time limit (`checkpoint.preemption_signal`).
@@ -76,7 +77,10 @@ class Notice:
         signal.signal(s, signal.SIG_IGN)
     self._previous = {}
     progress.end_unclean("preempted")  # Every peer saved too: none waits for another.
-    exit_preempted(where, say)
+    say(f"tfdist: preempted: backup saved at {where}; exiting with {PREEMPTED} (restart to "
+        "resume there)")
+    sys.stdout.flush()
+    raise SystemExit(PREEMPTED)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -94,14 +98,6 @@ class Notice:
     if self._agree is None:
       self._agree = agreement(self._strategy)
     return bool(self._agree(float(noticed)) > 0)
-
-
-def exit_preempted(where: str, say=print) -> None:
-  """Says where the backup was saved and exits with `PREEMPTED`."""
-  say(f"tfdist: preempted: backup saved at {where}; exiting with {PREEMPTED} (restart to "
-      "resume there)")
-  sys.stdout.flush()
-  raise SystemExit(PREEMPTED)
 
 
 class Preemption(keras.callbacks.Callback):

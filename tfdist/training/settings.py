@@ -131,11 +131,15 @@ def precision(config: Config):
                                   loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
 
 
-def chosen_by_tfdist(config: Config, chosen) -> bool:
-  """Whether tfdist chose the run's half precision itself (`auto`): the model then goes back to
-  the policy the user built with once training ends."""
+def given_back_policy(config: Config, chosen) -> str:
+  """The dtype policy the run's models compute in once training ends: Keras's global policy
+  (the one the user built with) where tfdist chose a half precision itself (`auto`), else
+  `chosen`'s (a policy the user chose is kept)."""
+  import keras
   from tfdist.machine import precision as precision_lib
-  return config.training.mixed_precision == "auto" and chosen.policy != precision_lib.FLOAT32
+  if config.training.mixed_precision == "auto" and chosen.policy != precision_lib.FLOAT32:
+    return keras.config.dtype_policy().name
+  return chosen.policy
 
 
 def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, ...]
@@ -190,11 +194,3 @@ def preemption_notice(config: Config, strategy):
   multi_worker = config.strategy.name == "multi_worker_mirrored" and bool(config.cluster.jobs)
   return preemption.Notice(preemption.signals_of(config.checkpoint.preemption_signal),
                            strategy=strategy if multi_worker else None)
-
-
-@contextlib.contextmanager
-def building(config: Config, chosen):
-  """Layers made inside compute in `chosen`'s policy (what `precision` returned)."""
-  from tfdist.training import dtype_policy
-  with dtype_policy.building_with(chosen.policy):
-    yield
