@@ -4,6 +4,8 @@ cluster runs instead of a script: `tfdist cluster-server`."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 from tfdist.config.tf_config import cluster_spec
@@ -90,13 +92,39 @@ def run_cluster_server(config: ConfigLike = None, chief_gone_seconds: float = CH
   if not chiefs:
     server.join()
   chief, seen, gone_since = chiefs[0], False, None
+  stopping = _serve_the_chiefs_save(config, chief)
   while True:
-    time.sleep(1.0)
+    stopping.wait(1.0)
     if accepts(chief):
       seen, gone_since = True, None
+    elif stopping.is_set():
+      print(f"tfdist cluster-server: the chief at {chief} is gone: stopping", flush=True)
+      return
     elif seen:
       gone_since = gone_since or time.monotonic()
       if time.monotonic() - gone_since >= chief_gone_seconds:
         print(f"tfdist cluster-server: the chief at {chief} is gone for {chief_gone_seconds:g} s: the "
               "job is done; stopping", flush=True)
         return
+
+
+def _serve_the_chiefs_save(config, chief: str) -> threading.Event:
+  """A preemption notice reaches every task at once (the launcher forwards it, Slurm signals
+  every task): the chief saves its backup from the variables this server holds, so a SIGTERM
+  here ends the server only once the chief is gone (the launcher's grace period bounds it), and
+  `checkpoint.preemption_signal` is the chief's alone. Returns the event SIGTERM sets."""
+  stopping = threading.Event()
+  if threading.current_thread() is not threading.main_thread():
+    return stopping
+
+  def on_sigterm(signum, frame):
+    del signum, frame
+    if not stopping.is_set():
+      print(f"tfdist cluster-server: SIGTERM received: serving until the chief at {chief} has "
+            "saved and gone", flush=True)
+    stopping.set()
+  signal.signal(signal.SIGTERM, on_sigterm)
+  notice = getattr(signal, config.checkpoint.preemption_signal)
+  if notice != signal.SIGTERM:
+    signal.signal(notice, signal.SIG_IGN)
+  return stopping

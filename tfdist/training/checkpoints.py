@@ -94,6 +94,25 @@ class Backup(keras.callbacks.BackupAndRestore):
     self._current_epoch, self._last_batch_seen = epoch, step
     self._save_model()
 
+  def _save_model(self):
+    """Keras's save, each file written aside and then renamed into place (the weights first):
+    a save that fails half-way (a chief whose parameter server died while it read the
+    variables; a process killed while it writes) leaves the previous backup whole. Keras writes
+    in place and falls back to its copy (`double_checkpoint`) only on an OSError, but a
+    half-written .h5 fails to load with a ValueError (keras-team/keras#20463, #20465)."""
+    os.makedirs(self.backup_dir, exist_ok=True)
+    writing = os.path.join(self.backup_dir, ".writing.weights.h5")
+    self.model.save_weights(writing, overwrite=True)
+    position = os.path.join(self.backup_dir, ".writing-training_metadata.json")
+    pathlib.Path(position).write_text(json.dumps({"epoch": self._current_epoch,
+                                                  "batch": self._last_batch_seen}))
+    for path, previous in ((self._weights_path, self._prev_weights_path),
+                           (self._training_metadata_path, self._prev_training_metadata_path)):
+      if self.double_checkpoint and os.path.exists(path):
+        shutil.copyfile(path, previous)
+    os.replace(writing, self._weights_path)
+    os.replace(position, self._training_metadata_path)
+
   def on_train_end(self, logs=None):
     super().on_train_end(logs)
     with contextlib.suppress(OSError):  # The parent, once every task's backup is gone.
