@@ -1,6 +1,7 @@
-"""`tfdist estimate CONFIG --model module:fn [--batch B] [--generate LENGTH] [--memory 16GiB]`:
-bytes per device (weights, gradients, optimizer state, activations) of the model under data
-parallelism and split over the config's devices, whether it fits the devices, and what to use.
+"""`tfdist estimate CONFIG --model module:fn [--batch B] [--length L] [--generate LENGTH]
+[--memory 16GiB]`: bytes per device (weights, gradients, optimizer state, the activations the
+backward pass keeps, working memory) of the model's training step under data parallelism and
+split over the config's devices, whether it fits the devices, and what to use.
 With `--generate`, the same for a causal LM generating sequences of LENGTH tokens: weights,
 key/value cache and working memory, on one device and split."""
 
@@ -15,8 +16,8 @@ from absl import flags
 
 from tfdist.errors import ConfigError
 
-USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--generate LENGTH] "
-         "[--memory 16GiB]")
+USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--length L] "
+         "[--generate LENGTH] [--memory 16GiB]")
 FLAGS = flags.FLAGS
 
 
@@ -61,9 +62,10 @@ def run(args: list[str], task: str | None) -> int:
       print(f"each device: {estimates.readable(capacity)} ({source})")
     print(estimates.render_generation(plan, capacity=capacity))
     return 0
-  plan = estimates.estimate_memory(model, batch=batch, devices=len(devices), stages=stages)
-  print(f"{type(model).__name__} of {model.count_params():,} parameters, global batch {batch}, "
-        f"{len(devices)} device(s): {names}")
+  plan = _training_plan(model, batch, len(devices), stages)
+  shown = f", length {FLAGS.length}" if FLAGS.length else ""
+  print(f"{type(model).__name__} of {model.count_params():,} parameters, global batch {batch}"
+        f"{shown}, {len(devices)} device(s): {names}")
   if capacity:
     print(f"each device: {estimates.readable(capacity)} ({source})")
   print(estimates.render(plan, capacity=capacity))
@@ -75,6 +77,21 @@ def run(args: list[str], task: str | None) -> int:
                                 accumulation=config.training.gradient_accumulation_steps))
   print(estimates.gpu_advice(model, batch))
   return 0
+
+
+def _training_plan(model, batch: int, devices: int, stages) -> dict:
+  from tfdist.parallel import estimates
+  from tfdist.parallel.step_memory import open_inputs
+  try:
+    open_ = open_inputs(model)
+  except ValueError as e:  # A subclassed model: no keras.Input to trace the step from.
+    raise ConfigError(str(e), key="--model", received=FLAGS.model) from None
+  if open_ and FLAGS.length is None:
+    raise ConfigError(f"is needed: input {open_[0]!r} of {FLAGS.model} leaves a dimension "
+                      "open (a sequence's length): pass the length to count it at",
+                      key="--length")
+  return estimates.estimate_memory(model, batch=batch, devices=devices, stages=stages,
+                                   length=FLAGS.length)
 
 
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mib": 2 ** 20,

@@ -12,7 +12,7 @@ COMMAND_FLAGS = {
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
     "env": ("json",),
-    "estimate": ("model", "batch", "generate", "memory"),
+    "estimate": ("model", "batch", "length", "generate", "memory"),
     "model-server": ("name", "host", "port", "max-batch-size", "max-wait-ms", "max-queue",
                      "max-body-bytes"),
     "cluster-server": ("task",),
@@ -78,6 +78,9 @@ def define_flags() -> None:
                       "module:function (the module imported from the current directory).")
   flags.DEFINE_integer("batch", None, "estimate: the global batch; default the config's (with "
                        "--generate: the prompts generated at once, default 1).", lower_bound=1)
+  flags.DEFINE_integer("length", None, "estimate: training: the length each input dimension "
+                       "the model leaves open counts at (a sequence's); needed when it leaves "
+                       "one open.", lower_bound=1)
   flags.DEFINE_integer("generate", None, "estimate: plan generation, not training, of sequences "
                        "this many tokens long, prompt included (a KerasHub causal LM): weights, "
                        "key/value cache and working memory per device.", lower_bound=1)

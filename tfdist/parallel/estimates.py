@@ -2,10 +2,13 @@
 causal LM, and which way fits.
 
 Training, per device, in bytes: weights, gradients (one per trainable weight), optimizer state
-(the optimizer's own slots, counted by building a copy of it on the model's variables), and
-activations kept for the backward pass (each layer's output for the device's batch). Data
-parallelism (mirrored, multi_worker_mirrored) holds everything on every device with the batch
-split; a split holds each stage's share with the whole batch going through.
+(the optimizer's own slots, counted by building a copy of it on the model's variables),
+activations (what the backward pass keeps: read from the traced training step,
+`step_memory.step_tensors`, so a recurrent layer's every time step, attention's scores and the
+loss's logits count) and working memory (what one op, or the optimizer's update, holds at once
+on top of that). Data parallelism (mirrored,
+multi_worker_mirrored) holds everything on every device with the batch split; a split holds each
+stage's share with the whole batch going through.
 
 Generation (`estimate_generation`), per device: weights, the key/value cache of its blocks, and
 the working memory of the first pass over the prompts (twice the largest layer output).
@@ -26,11 +29,20 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class DeviceMemory:
-  """Bytes one device holds. Attributes: weights, gradients, optimizer, activations."""
+  """Bytes one device holds.
+
+  Attributes:
+    weights: the model's variables.
+    gradients: one per trainable weight.
+    optimizer: the optimizer's slots.
+    activations: the forward tensors the backward pass keeps.
+    working: what the step holds at once on top of that (`StepTensors.working`).
+  """
   weights: int
   gradients: int
   optimizer: int
   activations: int
+  working: int = 0
 
   @property
   def variables(self) -> int:
@@ -39,24 +51,40 @@ class DeviceMemory:
 
   @property
   def total(self) -> int:
-    return self.weights + self.gradients + self.optimizer + self.activations
+    return self.weights + self.gradients + self.optimizer + self.activations + self.working
 
 
-def layer_bytes(model, batch: int, length: int = 1) -> list[dict]:
+def layer_bytes(model, batch: int, length: int | None = None) -> list[dict]:
   """Per unit of `model` (`placement.units`: nested models opened): its name, weight,
-  trainable and activation bytes (its output for `batch` examples in the model's compute dtype;
-  a dimension the model leaves open, a sequence's, counts `length`)."""
+  trainable and activation bytes (what the backward pass keeps of its ops, for `batch`
+  examples: `step_memory.step_tensors`), then a last row, "(loss and inputs)", for the loss's
+  and the inputs' kept tensors. `length` sizes the dimensions the model leaves open."""
+  from tfdist.parallel.placement import units
+  from tfdist.parallel.step_memory import LOSS_AND_INPUTS, step_tensors
+
+  kept = step_tensors(model, batch, length).by_unit
+  rows = []
+  for name, layer in units(model).items():
+    rows.append({"name": name, "weights": sum(_bytes(w) for w in layer.weights),
+                 "trainable": sum(_bytes(w) for w in layer.trainable_weights),
+                 "activations": kept.get(name, 0)})
+  return rows + [{"name": LOSS_AND_INPUTS, "weights": 0, "trainable": 0,
+                  "activations": kept.get(LOSS_AND_INPUTS, 0)}]
+
+
+def output_bytes(model, batch: int, length: int = 1) -> list[dict]:
+  """Per unit of `model`: its name, weight bytes and "activations", its output for `batch`
+  examples in the model's compute dtype (a dimension the model leaves open counts `length`):
+  what an inference pass holds of it."""
   from tfdist.parallel.placement import units
 
   rows = []
   for name, layer in units(model).items():
-    weights = sum(_bytes(w) for w in layer.weights)
-    trainable = sum(_bytes(w) for w in layer.trainable_weights)
     outputs = getattr(layer, "output", None) if _has_output(layer) else None
     width = 0 if outputs is None else sum(
         int(np.prod([length if d is None else d for d in o.shape[1:]])) for o in _flat(outputs))
     itemsize = np.dtype(keras.backend.standardize_dtype(layer.compute_dtype)).itemsize
-    rows.append({"name": name, "weights": weights, "trainable": trainable,
+    rows.append({"name": name, "weights": sum(_bytes(w) for w in layer.weights),
                  "activations": width * batch * itemsize})
   return rows
 
@@ -73,18 +101,27 @@ def slots_per_weight(optimizer) -> float:
   return state / _bytes(probe)
 
 
-def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = None) -> dict:
+def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = None,
+                    length: int | None = None) -> dict:
   """{"data_parallel": DeviceMemory per device, "split": [DeviceMemory per stage]}.
 
   Args:
-    model: a built Keras model (its optimizer, when compiled, sets the state per weight).
+    model: a built functional or Sequential Keras model (its optimizer, when compiled, sets the
+      state per weight; its loss, the loss's kept tensors).
     batch: the global batch.
     devices: the devices to train on.
-    stages: each layer's stage (default: `balanced_stages` of the weights over `devices`).
+    stages: each unit's stage (`placement.units`; default: `balanced_stages` of the weights
+      over `devices`).
+    length: the size of each input dimension the model leaves open (a sequence's length);
+      needed when it leaves one open.
 
   Returns:
-    A dict: "data_parallel" (the `DeviceMemory` of each device), "split" (one `DeviceMemory`
-    per stage), "stages" (each layer's stage) and "layers" (their names); `render` prints it.
+    A dict: "data_parallel" (the `DeviceMemory` of each device, its batch `batch / devices`),
+    "split" (one `DeviceMemory` per stage, the whole batch through each), "stages" (each
+    unit's stage) and "layers" (their names); `render` prints it.
+
+  Raises:
+    ValueError: the model leaves an input dimension open and `length` is None.
 
   Example:
 
@@ -100,20 +137,29 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
   ```
   """
   from tfdist.parallel.placement import balanced_stages
+  from tfdist.parallel.step_memory import step_tensors
 
-  rows = layer_bytes(model, batch)
+  rows = layer_bytes(model, batch, length)
+  units, loss = rows[:-1], rows[-1]
   ratio = slots_per_weight(getattr(model, "optimizer", None))
-  stages = stages or balanced_stages([r["weights"] for r in rows], devices)
+  stages = stages or balanced_stages([r["weights"] for r in units], devices)
+  whole = step_tensors(model, batch, length)
+  replica = step_tensors(model, max(1, batch // devices), length) if devices > 1 else whole
 
-  def memory(selected, share: float) -> DeviceMemory:
+  def memory(selected, activations: int, step, gradients=None) -> DeviceMemory:
     trainable = sum(r["trainable"] for r in selected)
-    return DeviceMemory(weights=sum(r["weights"] for r in selected), gradients=trainable,
-                        optimizer=int(round(trainable * ratio)),
-                        activations=int(sum(r["activations"] for r in selected) * share))
-  split = [memory([r for r, s in zip(rows, stages) if s == k], 1.0)
-           for k in range(max(stages) + 1)]
-  return {"data_parallel": memory(rows, 1.0 / devices), "split": split, "stages": stages,
-          "layers": [r["name"] for r in rows]}
+    return DeviceMemory(weights=sum(r["weights"] for r in selected),
+                        gradients=trainable if gradients is None else gradients,
+                        optimizer=int(round(trainable * ratio)), activations=activations,
+                        working=step.working)
+  last = max(stages)
+  split = [memory(chosen, sum(r["activations"] for r in chosen) +
+                  (loss["activations"] if k == last else 0), whole)
+           for k in range(last + 1)
+           for chosen in [[r for r, s in zip(units, stages) if s == k]]]
+  data_parallel = memory(units, replica.kept, replica, replica.gradients)
+  return {"data_parallel": data_parallel, "split": split, "stages": stages,
+          "layers": [r["name"] for r in units]}
 
 
 def recommend(plan: dict, capacity: int | None) -> str:
@@ -175,7 +221,7 @@ def estimate_generation(model, batch: int, length: int, devices: int,
   """
   from tfdist.parallel import generation, placement
 
-  rows = layer_bytes(model, batch, length)
+  rows = output_bytes(model, batch, length)
   stages = stages or placement.balanced_stages([r["weights"] for r in rows], devices)
   position = {id(layer): i for i, layer in enumerate(placement.units(model).values())}
   cache_of = dict(zip([position[id(b)] for b in model.backbone.transformer_layers],
@@ -221,11 +267,12 @@ def render_generation(plan: dict, capacity: int | None = None) -> str:
 def render(plan: dict, capacity: int | None = None) -> str:
   """The plan as a table, then the recommendation. Pure."""
   lines = [f"{'':24}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'activations':>13}"
-           f"{'total':>12}"]
+           f"{'working':>12}{'total':>12}"]
 
   def row(name, m: DeviceMemory):
     lines.append(f"{name:24}{_mib(m.weights):>12}{_mib(m.gradients):>12}"
-                 f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.total):>12}")
+                 f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.working):>12}"
+                 f"{_mib(m.total):>12}")
   row("data parallel, each", plan["data_parallel"])
   for k, m in enumerate(plan["split"]):
     row(f"split, stage {k}", m)
