@@ -36,7 +36,9 @@ setuptools.setup(
         "serving": ["aiohttp>=3.9,<4", "prometheus-client>=0.20,<1"],
         # Generation with KerasHub's causal LMs (then `pip install --no-deps keras-hub`).
         "hub": KERAS_HUB_DEPENDENCIES,
+        # psutil: the suite's session-end check for processes it left alive.
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
+                 "psutil>=5.9,<8",
                  # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
                  # models, for the exported manifests.
                  "kubernetes-validate>=1.31,<2", "kubeflow-training==1.9.0",

@@ -1,14 +1,16 @@
 """A script that enables TensorFlow's op determinism trains under every synchronous strategy
-through `tfdist launch`, to one device's weights; monitoring that needs `tf.timestamp` (which
-determinism refuses) is switched off with one line instead of crashing the run."""
+through `tfdist launch`, to plain Keras's one-device weights; monitoring that needs
+`tf.timestamp` (which determinism refuses) is switched off with one line instead of crashing
+the run."""
 
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from tests.conftest import PROGRAMS
-from tests.launching import finish, start_launch
+from tests.launching import ENV, finish, start_launch
 
 TRAINING = "training: {global_batch_size: 32, epochs: 2, mixed_precision: 'off'}\n"
 CONFIGS = {
@@ -32,10 +34,15 @@ def launch(tmp_path, strategy, extra=""):
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-  return launch(tmp_path_factory.mktemp("default"), "default")[1]
+  """Plain Keras's weights on one device (`model.fit`, op determinism on), no tfdist."""
+  out = tmp_path_factory.mktemp("plain")
+  subprocess.run([sys.executable, str(PROGRAMS / "deterministic.py"), str(out), "plain"],
+                 env=ENV, check=True, timeout=240, capture_output=True)
+  return [np.load(out / "weights.npz")[f"arr_{i}"] for i in range(4)]
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "central_storage", "multi_worker_mirrored"])
+@pytest.mark.parametrize(
+    "strategy", ["default", "mirrored", "central_storage", "multi_worker_mirrored"])
 def test_a_deterministic_script_trains_as_one_device(tmp_path, one_device, strategy):
   _, weights = launch(tmp_path, strategy)
   for got, want in zip(weights, one_device, strict=True):

@@ -1,5 +1,6 @@
-"""tfdist.fit/evaluate/predict give one device's results under every sync strategy: the same
-per-epoch losses and metrics, evaluation, predictions and final weights, within 1e-5."""
+"""tfdist.fit/evaluate/predict give plain Keras's one-device results (`model.fit` on one device)
+under every sync strategy: the same per-epoch losses and metrics, evaluation, predictions and
+final weights, within 1e-5."""
 
 import json
 import sys
@@ -28,19 +29,14 @@ HALF_TOLERANCE = 1e-2
 
 @pytest.fixture(scope="module")
 def reference():
-  """One device's result for a variant, trained once per module."""
+  """Plain Keras's result for a variant on one device (`model.fit`, no tfdist), trained once
+  per module."""
   results = {}
 
   def get(variant):
-    if variant not in results:
-      if variant == "steps_per_execution":  # Running 4 steps per call changes no arithmetic.
-        results[variant] = get("plain")
-      elif variant == "shuffled_steps_per_execution":
-        results[variant] = get("shuffled")
-      elif variant == "scaled_lr":  # One device is told the learning rate 2 replicas scale to.
-        results[variant] = case.train({"strategy": "default"}, variant, 2 * case.LEARNING_RATE)
-      else:
-        results[variant] = case.train({"strategy": "default"}, variant)
+    if variant not in results:  # One device is told the learning rate 2 replicas scale to.
+      rate = 2 * case.LEARNING_RATE if variant == "scaled_lr" else case.LEARNING_RATE
+      results[variant] = case.train_plain(variant, rate)
     return results[variant]
   return get
 
@@ -62,7 +58,7 @@ def assert_same_training(result, reference, variant="plain"):
 
 def test_training_actually_learns(reference):
   losses = reference("plain")["history"]["loss"]
-  assert len(losses) == case.EPOCHS and losses[-1] < losses[0] - 0.05
+  assert len(losses) == case.EPOCHS and losses[-1] < losses[0] - 0.03
 
 
 @pytest.mark.parametrize("strategy,variant", [

@@ -80,7 +80,7 @@ MWMS = "cluster: {worker: 2}\ncheckpoint: {dir: %s}\n"
 
 @pytest.fixture(scope="module")
 def uninterrupted_weights():
-  return [np.asarray(w) for w in resumable.train({"strategy": "default"}).get_weights()]
+  return [np.asarray(w) for w in resumable.train_plain().get_weights()]
 
 
 def test_a_worker_blocked_in_a_callback_is_named_its_stack_kept_and_the_restart_finishes(

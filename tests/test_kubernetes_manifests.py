@@ -158,16 +158,21 @@ def test_the_jobset_has_jobset_v1alpha2_fields_and_restarts_the_set_after_a_pree
 
 @pytest.mark.parametrize("kind", kubernetes.KINDS)
 def test_every_pod_mounts_the_shared_volume_where_the_config_writes(write_config, kind):
+  pods = 0
   for document in export(write_config, "mwms", kind):
     templates = ([r["template"] for r in document["spec"]["tfReplicaSpecs"].values()]
                  if document["kind"] == "TFJob" else
+                 [r["template"]["spec"]["template"] for r in document["spec"]["replicatedJobs"]]
+                 if document["kind"] == "JobSet" else
                  [document["spec"]["template"]] if document["kind"] == "StatefulSet" else [])
+    pods += len(templates)
     for template in templates:
       spec = template["spec"]
       assert {"name": "tfdist-storage", "persistentVolumeClaim": {"claimName": "shared"}} \
           in spec["volumes"]
       assert {"name": "tfdist-storage", "mountPath": "/data/run"} \
           in spec["containers"][0]["volumeMounts"]
+  assert pods >= 1, kind  # Every kind's pod templates were found and checked.
 
 
 def test_a_config_writing_files_needs_a_volume_claim(write_config):

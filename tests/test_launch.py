@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -171,16 +170,14 @@ def test_killed_worker_restarts_the_cluster_which_finishes_every_epoch(write_con
     assert f"[{name}] RESULT " in after
 
 
-def test_without_restarts_a_killed_worker_fails_fast_naming_it(write_config, tmp_path):
+def test_without_restarts_a_killed_worker_ends_the_launch_naming_it(write_config, tmp_path):
   seen = []
   launcher = resumable_launch(write_config, tmp_path, "--max-restarts", "0")
   read_until(launcher, r"\[worker-1\] EPOCH_END 2", 180, seen)
   worker_1 = int(re.search(r"\[worker-1\] PID (\d+)", "".join(seen)).group(1))
-  killed_at = time.monotonic()
   os.kill(worker_1, signal.SIGKILL)
-  output = finish(launcher, 60, seen)
+  output = finish(launcher, 120, seen)  # A hang guard; the time: bench_launcher_reactions.
   assert launcher.returncode == 1
-  assert time.monotonic() - killed_at < 10
   assert "worker-1 failed first (exit code -9): the root cause" in output
   assert "no restarts left (--max-restarts): stopping every task" in output
   for pid in pids(output):
@@ -195,27 +192,24 @@ def test_missing_peer_fails_at_the_startup_deadline_naming_it(write_config, tmp_
              "  time.sleep(600)  # Never comes up.\n"
              "import tfdist\n"
              "tfdist.make_strategy()  # Waits for its peer forever.\n")
-  started = time.monotonic()
-  result = launch(str(path), "--logs", str(tmp_path), "--startup-timeout", "20",
+  result = launch(str(path), "--logs", str(tmp_path), "--startup-timeout", "12",
                   "--grace-period", "2", "--", sys.executable, "-c", program, timeout=120)
   assert result.returncode == 3, result.stdout[-3000:]
-  assert re.search(r"waiting for worker-1 at 127\.0\.0\.1:\d+ \(1\d s of 20 s\)", result.stdout)
-  assert re.search(r"start-up deadline: worker-1 at 127\.0\.0\.1:\d+ did not come up in 20 s",
+  # A line every 10 s while waiting, then the deadline.
+  assert re.search(r"waiting for worker-1 at 127\.0\.0\.1:\d+ \(1\d s of 12 s\)", result.stdout)
+  assert re.search(r"start-up deadline: worker-1 at 127\.0\.0\.1:\d+ did not come up in 12 s",
                    result.stdout)
   assert "worker-0" not in result.stdout.split("start-up deadline:")[1].split("\n")[0]
-  assert time.monotonic() - started < 60
 
 
-def test_sigint_stops_every_task_within_10_seconds(write_config, tmp_path):
+def test_sigint_stops_every_task(write_config, tmp_path):
   seen = []
   launcher = resumable_launch(write_config, tmp_path)
   read_until(launcher, r"\[worker-1\] EPOCH_END 0", 180, seen)
   children = pids("".join(seen))
   assert len(children) == 2
   os.killpg(launcher.pid, signal.SIGINT)  # As Ctrl-C in a terminal: the whole group.
-  interrupted_at = time.monotonic()
-  output = finish(launcher, 30, seen)
-  assert time.monotonic() - interrupted_at < 10
+  output = finish(launcher, 120, seen)  # A hang guard; the time: bench_launcher_reactions.
   assert launcher.returncode == 130, output[-3000:]
   assert "SIGINT received: forwarded to every task" in output
   for pid in children:

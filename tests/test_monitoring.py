@@ -95,28 +95,25 @@ def test_the_chiefs_curves_are_written_once_and_other_tasks_keep_their_own(runs)
   assert all(value >= 0 for tag in split for _, value in worker[tag] + train[tag])
 
 
-@pytest.mark.parametrize("slow", ["worker-1", "none"])
-def test_a_worker_with_a_slow_input_pipeline_is_named_the_straggler(tmp_path, slow):
+def test_a_worker_with_a_slow_input_pipeline_is_named_the_straggler(tmp_path):
   config = tmp_path / "config.yaml"
   config.write_text(CONFIGS["mwms"] + f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n")
   launcher = start_launch(str(config), "--logs", str(tmp_path / "launch"), "--", sys.executable,
-                          str(PROGRAMS / "straggler.py"), slow, "0.03")
+                          str(PROGRAMS / "straggler.py"), "worker-1", "0.03")
   output = finish(launcher, 240, [])
   assert launcher.returncode == 0, output[-3000:]
   train, _ = scalars(tmp_path / "tb" / "launch" / "train")
   lines = [text.decode() for _, text in train["straggler"]]
   ratios = [value for _, value in train["epoch_straggler_ratio"]]
-  if slow == "none":
-    assert all(line.startswith("no straggler") for line in lines), lines
-    assert "straggler:" not in output
-  else:  # Every epoch after the first (which traces and builds) names it.
-    assert all(line.startswith("straggler: worker-1,") for line in lines[1:]), lines
-    assert min(ratios[1:]) > 1.5, ratios
-    assert re.search(r"\[worker-0\] tfdist: epoch 3: straggler: worker-1, .* chronic: ", output)
-    worker, _ = scalars(tmp_path / "tb" / "launch" / "worker-1")
-    # The slow worker waits for its input; its fast peer waits for it in the collectives.
-    assert worker["epoch_input_wait_ms"][-1][1] > 10 > train["epoch_input_wait_ms"][-1][1]
-    assert train["epoch_collective_wait_ms"][-1][1] > 10
+  # Every epoch after the first (which traces and builds) names it. (A balanced cluster's "no
+  # straggler" is checked on data below: on shared cores any worker may lag an epoch.)
+  assert all(line.startswith("straggler: worker-1,") for line in lines[1:]), lines
+  assert min(ratios[1:]) > 1.5, ratios
+  assert re.search(r"\[worker-0\] tfdist: epoch 3: straggler: worker-1, .* chronic: ", output)
+  worker, _ = scalars(tmp_path / "tb" / "launch" / "worker-1")
+  # The slow worker waits for its input; its fast peer waits for it in the collectives.
+  assert worker["epoch_input_wait_ms"][-1][1] > 10 > train["epoch_input_wait_ms"][-1][1]
+  assert train["epoch_collective_wait_ms"][-1][1] > 10
 
 
 def test_the_straggler_is_the_slowest_in_input_and_compute_against_the_median():
@@ -127,9 +124,11 @@ def test_the_straggler_is_the_slowest_in_input_and_compute_against_the_median():
                           {"worker-3": [30.0, 10.0, 0.0]})
   assert name == "worker-3" and ratio == pytest.approx(40 / 11)
   stragglers = Stragglers()
+  line, _, named = stragglers.line({"worker-0": [1.0, 10.0, 5.0], "worker-1": [1.2, 10.0, 4.8]})
+  assert line.startswith("no straggler (slowest input+compute 1.0") and not named
   stragglers.line({"worker-0": [0, 5, 60], "worker-1": [55, 5, 2]})
   line, _, named = stragglers.line({"worker-0": [0, 5, 60], "worker-1": [55, 5, 2]})
-  assert named and line.endswith("chronic: 2 of 2 epochs")
+  assert named and line.endswith("chronic: 2 of 3 epochs")  # Named in 2 of the 3 epochs.
 
 
 def test_the_launchers_events_are_text_summaries_of_the_run(runs):
@@ -207,10 +206,10 @@ def test_tfdist_tensorboard_serves_the_scalars_on_loopback(runs):
     query = "data/plugin/scalars/scalars?run=launch%2Ftrain&tag=epoch_loss"
     points = json.loads(urllib.request.urlopen(url + query).read())
     assert [step for _, step, _ in points] == [0, 1, 2]
-    started = time.monotonic()
     os.killpg(server.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group.
-    assert server.wait(timeout=15) == 0
-    assert time.monotonic() - started < 5  # TensorBoard hangs on SIGINT; tfdist's SIGTERM ends it.
+    # TensorBoard's own server ignores SIGINT; tfdist's SIGTERM ends it (the time:
+    # bench_launcher_reactions).
+    assert server.wait(timeout=60) == 0
   finally:
     if server.poll() is None:
       server.kill()

@@ -61,7 +61,8 @@ def test_concurrent_callers_each_get_their_own_answer_in_batches(model):
     stats = predictor.stats
     assert stats.rows == sum(1 + i % 3 for i in range(64))
     assert sum(stats.batches.values()) < 64  # Requests shared batches ...
-    assert set(stats.batches) == {1, 2, 4, 8, 16}  # ... padded to the traced sizes.
+    used = {size for size, count in stats.batches.items() if count}
+    assert used <= {1, 2, 4, 8, 16} and max(used) > 1, used  # ... padded to traced sizes.
     assert stats.padding == sum(s * n for s, n in stats.batches.items()) - stats.rows
   finally:
     predictor.close()
@@ -128,10 +129,13 @@ def test_bad_requests_fail_alone(model):
     predictor.close()
 
 
-def slow_model(seconds):
+def slow_model(seconds, started=None):
+  """A model whose every call takes `seconds`, setting the event `started` as it begins."""
   inputs = keras.Input((20,), name="features")
 
   def sleep(x):
+    if started is not None:
+      started.set()
     time.sleep(seconds)
     return x
   slowed = keras.layers.Lambda(lambda x: tf.ensure_shape(
@@ -140,10 +144,12 @@ def slow_model(seconds):
 
 
 def test_deadlines_and_the_queue_bound_are_honoured():
-  predictor = BatchingPredictor(slow_model(0.2), max_batch_size=1, max_queue=2)
+  started = threading.Event()
+  predictor = BatchingPredictor(slow_model(0.2, started), max_batch_size=1, max_queue=2)
+  started.clear()  # Set by the warm-up's call.
   try:
     busy = predictor.submit(X[:1])  # Runs for 0.2 s; the next two wait in the queue.
-    time.sleep(0.05)
+    assert started.wait(30)
     expiring = predictor.submit(X[1:2], timeout=0.01)
     waiting = predictor.submit(X[2:3])
     with pytest.raises(QueueFull, match=r"queue full \(2 requests waiting\)"):

@@ -49,19 +49,33 @@ def data():
   return x, (x[:, :8].sum(axis=1) > 4).astype("int32")
 
 
+def make_model(style):
+  keras.utils.set_random_seed(4)
+  inputs = keras.Input((16,))
+  model = MyModel(inputs, keras.layers.Dense(2)(keras.layers.Dense(16, activation="relu")(
+      inputs)))
+  model.style = style
+  return model
+
+
+def compile_args():
+  return dict(optimizer=keras.optimizers.SGD(0.5),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
 def train(config=None, style="reduce_mean"):
-  def make_model():
-    keras.utils.set_random_seed(4)
-    inputs = keras.Input((16,))
-    model = MyModel(inputs, keras.layers.Dense(2)(keras.layers.Dense(16, activation="relu")(
-        inputs)))
-    model.style = style
-    return model
   x, y = data()
-  history = tfdist.fit(make_model, x, y, config=config, shuffle=False, epochs=3, verbose=0,
-                       compile=lambda: dict(optimizer=keras.optimizers.SGD(0.5), loss=(
-                           keras.losses.SparseCategoricalCrossentropy(from_logits=True))))
+  history = tfdist.fit(lambda: make_model(style), x, y, config=config, shuffle=False, epochs=3,
+                       verbose=0, compile=compile_args)
   return [w.numpy() for w in history.model.weights], history.history["loss"]
+
+
+def train_plain(style="reduce_mean", batch_size=32):
+  """The same training by plain Keras's `model.fit` on one device: the reference."""
+  model = make_model(style)
+  model.compile(**compile_args())
+  history = model.fit(*data(), batch_size=batch_size, epochs=3, shuffle=False, verbose=0)
+  return [w.numpy() for w in model.weights], history.history["loss"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 plain Keras model trained with tfdist.fit under the launcher's config; the chief writes its
 weights to OUT_DIR/weights.npz.
 
-    python deterministic.py OUT_DIR
+    python deterministic.py OUT_DIR [plain]
+
+With `plain`, plain Keras trains it on one device (`model.fit`, batch 32, 2 epochs: the
+launched config's), no tfdist: the reference.
 """
 
 import os
@@ -28,10 +31,19 @@ def make_model():
                            keras.layers.Dense(2)])
 
 
-history = tfdist.fit(make_model, x, y, shuffle=False, verbose=2,
-                     compile=lambda: dict(optimizer=keras.optimizers.Adam(0.01),
-                                          loss=keras.losses.SparseCategoricalCrossentropy(
-                                              from_logits=True)))
+def compile_args():
+  return dict(optimizer=keras.optimizers.Adam(0.01),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+if sys.argv[2:] == ["plain"]:
+  model = make_model()
+  model.compile(**compile_args())
+  model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=2)
+  os.makedirs(OUT, exist_ok=True)
+  np.savez(os.path.join(OUT, "weights.npz"), *model.get_weights())
+  sys.exit()
+history = tfdist.fit(make_model, x, y, shuffle=False, verbose=2, compile=compile_args)
 if tfdist.is_chief():
   os.makedirs(OUT, exist_ok=True)
   np.savez(os.path.join(OUT, "weights.npz"), *history.model.get_weights())

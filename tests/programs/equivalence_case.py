@@ -12,7 +12,7 @@ import numpy as np
 import tfdist
 from tfdist.config.loader import as_config
 
-EPOCHS = 3
+EPOCHS = 2
 GLOBAL_BATCH = 32
 LEARNING_RATE = 0.1
 
@@ -82,6 +82,61 @@ def train(config, variant="plain", learning_rate=LEARNING_RATE):
           "predict_dtype": str(np.asarray(predictions).dtype),
           "compute_dtype": model.layers[0].dtype_policy.compute_dtype,
           "weights": [w.tolist() for w in model.get_weights()]}
+
+
+def train_plain(variant="plain", learning_rate=LEARNING_RATE):
+  """The variant trained by plain Keras on one device (`model.fit`, no tfdist): the reference
+  every strategy's result must equal. Each option is spelled as a Keras user spells it."""
+  import keras
+  options = {**BASE, **VARIANTS[variant]}
+  half = HALF_PRECISION.get(variant)
+  keras.config.set_dtype_policy(f"mixed_{half}" if half else "float32")
+  try:
+    model = model_fn()
+  finally:
+    keras.config.set_dtype_policy("float32")
+  args = compile_args(learning_rate)
+  if options.get("warmup_epochs"):  # Scaled by one replica: the rate ramps over an epoch.
+    args["optimizer"] = keras.optimizers.SGD(_Warmup(learning_rate, len(data()[0]) //
+                                                     GLOBAL_BATCH))
+  if options.get("gradient_accumulation_steps"):
+    args["optimizer"] = keras.optimizers.SGD(
+        learning_rate, gradient_accumulation_steps=options["gradient_accumulation_steps"])
+  model.compile(**args, steps_per_execution=options["steps_per_execution"])
+  x, y = data()
+  history = fit_plain(model, x, y, EPOCHS, options.get("seed"))
+  predictions = model.predict(x[:40], batch_size=GLOBAL_BATCH, verbose=0)
+  return {"history": history,
+          "evaluate": [float(v) for v in model.evaluate(x, y, batch_size=GLOBAL_BATCH,
+                                                        verbose=0)],
+          "predict": np.asarray(predictions).tolist(),
+          "predict_dtype": str(np.asarray(predictions).dtype),
+          "compute_dtype": model.layers[0].dtype_policy.compute_dtype,
+          "weights": [w.tolist() for w in model.get_weights()]}
+
+
+def fit_plain(model, x, y, epochs, seed=None):
+  """Plain `model.fit`, epoch by epoch in tfdist's documented shuffled order (epoch e's a
+  stateless shuffle of seed (seed, e)) when `seed` is given; returns the history's dict."""
+  import tensorflow as tf
+  history = {}
+  for epoch in range(epochs):
+    order = np.arange(len(x)) if seed is None else tf.random.experimental.stateless_shuffle(
+        tf.range(len(x), dtype=tf.int64), seed=[seed, epoch]).numpy()
+    logs = model.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=epoch + 1,
+                     initial_epoch=epoch, shuffle=False, verbose=0).history
+    for key, values in logs.items():
+      history.setdefault(key, []).extend(float(v) for v in values)
+  return history
+
+
+def _Warmup(rate, steps):
+  import keras
+
+  class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+      return rate * keras.ops.minimum(1.0, (keras.ops.cast(step, "float32") + 1.0) / steps)
+  return Warmup()
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ a checkpoint directory), printing `EPOCH_BEGIN e` / `EPOCH_END e` (0-based, flus
 comes after the backup is written) and finally `RESULT <json weights>`.
 
 With PAUSE_AFTER_EPOCH=k, task worker-1 sleeps after finishing epoch k (1-based) so a test can
-kill it there. With PAUSE_AT=e:s, the first task prints `PAUSED` after step s (1-based) of
-epoch e (0-based) and goes on 5 s later, so a test can send it a preemption notice mid-epoch.
+kill it there. With PAUSE_AT=e:s and GO_FILE=PATH, the first task prints `PAUSED` after step s
+(1-based) of epoch e (0-based) and goes on once PATH exists (no pause when it already does), so
+a test can send a preemption notice mid-epoch and let it go on once the notice is seen.
 With CSV_LOG=PATH, a user's CSVLogger (Keras's default append=False) logs there; with
 STEPS_PER_EXECUTION=n, n steps a call (1 by default); with STEP_LINES=1, the first task prints
 `STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more. With HANG_AT=e:s and
@@ -41,6 +42,14 @@ def train(config, callbacks=()):
   return history.model
 
 
+def train_plain():
+  """The same training by plain Keras's `model.fit` on one device, no tfdist: the reference."""
+  model = case.model_fn()
+  model.compile(**compile_args())
+  case.fit_plain(model, *case.data(), EPOCHS, SEED)
+  return model
+
+
 def block_forever():
   """A deadlock in a user's callback: the process lives, its heartbeat beats."""
   import threading
@@ -70,9 +79,13 @@ class Progress:
           task == "worker-1" and marker and not os.path.exists(marker):
         open(marker, "w").close()
         block_forever()
-      if paused_at == f"{position['epoch']}:{batch + 1}" and task in ("worker-0", "local"):
+      go = os.environ.get("GO_FILE", "")
+      if paused_at == f"{position['epoch']}:{batch + 1}" and task in ("worker-0", "local") \
+          and not os.path.exists(go):
         print("PAUSED", flush=True)
-        time.sleep(5)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(go) and time.monotonic() < deadline:
+          time.sleep(0.05)
 
     def begin(epoch, logs):
       position["epoch"] = epoch
