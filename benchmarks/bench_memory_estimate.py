@@ -4,8 +4,9 @@ nested in another, KerasHub's GPT-2 (a small one, built here: no download).
 
 Measured: TensorFlow's own allocator statistics (`tf.config.experimental.get_memory_info`,
 with TF_CPU_ALLOCATOR_USE_BFC=true so the CPU allocator keeps them): the peak bytes of live
-tensors during one training step (`train_on_batch`, after one that built and traced it), the
-model's variables and the optimizer's slots included. That is what `estimate` counts, on CPU
+tensors during a training step (`train_on_batch`, after one that built and traced it; the
+median of 3 steps, one op at a time), the model's variables and the optimizer's slots
+included. That is what `estimate` counts, on CPU
 as on a GPU (where the same call reads the GPU's allocator); the process's peak RSS would add
 Python, the traced graphs and the libraries, and the profiler's memory view needs a trace per
 step. Each model runs in a process of its own. Target: the estimate within 1.5x of the
@@ -136,6 +137,10 @@ def measure(name: str) -> dict:
   import tensorflow as tf
   from tfdist.parallel import estimates
 
+  # One op at a time, as a GPU's stream runs its kernels: with several inter-op threads a CPU
+  # runs independent ops at once and the same step's peak varied by up to 1.3x.
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+
   model, batch = {**MODELS, "lstm_20000": lstm_20000}[name]()
   length = LENGTH.get(name)
   plan = estimates.estimate_memory(model, batch=batch, devices=1, length=length)
@@ -143,9 +148,12 @@ def measure(name: str) -> dict:
   outputs_only = sum(r["activations"] for r in estimates.output_bytes(model, batch, length or 1))
   x, y = _batch_of(model, batch, length)
   model.train_on_batch(x, y)  # Builds the optimizer, traces the step.
-  tf.config.experimental.reset_memory_stats("CPU:0")
-  model.train_on_batch(x, y)
-  peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+  peaks = []
+  for _ in range(3):  # The median of 3 steps' peaks.
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    model.train_on_batch(x, y)
+    peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+  peak = sorted(peaks)[1]
   return {"model": name, "batch": batch, "estimate": plan.total,
           "activations": plan.activations, "working": plan.working,
           "before": plan.total - plan.activations - plan.working + outputs_only,

@@ -1,4 +1,3 @@
-import ctypes
 import os
 import pathlib
 import signal
@@ -25,22 +24,18 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "gpu: needs a GPU (run with -m gpu); skipped without one")
 
 
-_PR_SET_CHILD_SUBREAPER = 36
+# Every process the suite starts inherits this mark (tests pass os.environ on), so the checks
+# below find it even after its parent died (a task whose launcher was killed is re-parented).
+_MARK, _SESSION = "TFDIST_TEST_SESSION", str(os.getpid())
+os.environ[_MARK] = _SESSION
 _EXIT_GRACE_S = 5  # For a task that dies with its launcher (a parent-death signal) to go.
-
-
-def pytest_sessionstart(session):
-  """Makes this process its descendants' reaper: a process a test started whose parent died
-  (a launcher killed before its tasks) is re-parented here, not to init, so the checks below
-  still find it."""
-  ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
   """Kills, by process group, every process a test's body started that outlives it, whatever
   the outcome; a test that passed but left one fails, naming it."""
-  before = {p.pid for p in _alive_descendants()}
+  before = {p.pid for p in _started_by_suite()}
   try:
     result = yield
   except BaseException:
@@ -54,7 +49,7 @@ def pytest_runtest_call(item):
 
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run when a process the suite started (a fixture's, say) is still alive."""
-  left = _alive_descendants()
+  left = _started_by_suite()
   if not left:
     return
   reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -66,20 +61,25 @@ def pytest_sessionfinish(session, exitstatus):
   session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _alive_descendants() -> list[psutil.Process]:
-  def alive(process):
+def _started_by_suite() -> list[psutil.Process]:
+  """The live processes (not zombies) carrying this session's mark, this one excepted."""
+  found = []
+  for process in psutil.process_iter():
     try:
-      return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-      return False
-  return [p for p in psutil.Process().children(recursive=True) if alive(p)]
+      if process.pid != os.getpid() and process.status() != psutil.STATUS_ZOMBIE and \
+          process.environ().get(_MARK) == _SESSION:
+        found.append(process)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+      pass
+  return found
 
 
 def _outliving(before: set[int]) -> list[psutil.Process]:
   """The processes started since `before` still alive after a short grace to exit."""
-  new = [p for p in _alive_descendants() if p.pid not in before]
-  _, alive = psutil.wait_procs(new, timeout=_EXIT_GRACE_S) if new else ([], [])
-  return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+  new = [p for p in _started_by_suite() if p.pid not in before]
+  if new:
+    psutil.wait_procs(new, timeout=_EXIT_GRACE_S)
+  return [p for p in _started_by_suite() if p.pid not in before]
 
 
 def _describe(processes) -> str:

@@ -44,8 +44,8 @@ def test_parameter_server_chief_schedules_on_worker_servers(tmp_path):
 
 def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_converges(tmp_path):
   """strategy.average_every (local SGD) on 2 processes: with plain SGD and K = 1, each worker's
-  own step then the average is synchronous training's step (one device's results); with K = 4
-  the loss falls as synchronous training's does, to within 0.05."""
+  own step then the average is synchronous training's step (plain Keras's results on one
+  device); with K = 4 the loss falls as synchronous training's does, to within 0.02."""
   import json
   import sys
   from tests.conftest import PROGRAMS, REPO
@@ -53,7 +53,7 @@ def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_conver
   from tests.test_fit import assert_same_training
   from tfdist.testing.local_cluster import run_everywhere
 
-  reference = case.train({"strategy": "one_device"}, "plain")
+  reference = case.train_plain("plain")  # Plain Keras on one device.
   finals = {}
   for every in (1, 4):
     config = tmp_path / f"every{every}.yaml"
@@ -77,7 +77,7 @@ def test_periodic_averaging_every_step_equals_one_device_and_every_fourth_conver
     if every == 4:  # The replicas stepped apart between averages: not synchronous arithmetic.
       assert drift > 1e-4, drift
   losses = reference["history"]["loss"]
-  assert finals[4][-1] < finals[4][0] - 0.05 and abs(finals[4][-1] - losses[-1]) < 0.05, (
+  assert finals[4][-1] < finals[4][0] - 0.02 and abs(finals[4][-1] - losses[-1]) < 0.02, (
       finals, losses)
 
 
@@ -94,7 +94,7 @@ def test_small_packs_reduced_in_reverse_order_equal_one_device(tmp_path):
                     "communication: ring, bytes_per_pack: 256}\n")
   processes = run_everywhere(config, [sys.executable, str(PROGRAMS / "equivalence_case.py"),
                                       "plain"], tmp_path, 300, env={"PYTHONPATH": str(REPO)})
-  reference = case.train({"strategy": "one_device"}, "plain")
+  reference = case.train_plain("plain")  # Plain Keras on one device.
   for p in processes:
     assert p.process.returncode == 0, p.output()[-3000:]
     line = next(line for line in p.output().splitlines() if line.startswith("RESULT "))

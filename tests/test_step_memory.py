@@ -14,6 +14,8 @@ from tfdist.parallel.step_memory import LOSS_AND_INPUTS, step_tensors
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV
 
+pytestmark = pytest.mark.usefixtures("two_cpus")  # TensorFlow starts with the suite's devices.
+
 
 def _lstm(steps):
   model = keras.Sequential([keras.Input((steps, 8)), keras.layers.LSTM(32, name="lstm"),
@@ -70,10 +72,10 @@ def test_the_estimate_is_within_one_and_a_half_times_the_measured_step():
   """Each family's step, measured by TensorFlow's own allocator statistics (the BFC allocator
   keeps them on CPU) in a process of its own: the peak during `train_on_batch` less what was
   allocated before, against the estimate's activations, working memory and gradients."""
-  models = ["lstm", "gru", "attention", "embedding", "nested", "logits"]
+  models = ["mlp", "cnn", "lstm", "gru", "attention", "embedding", "nested", "logits", "gpt2"]
   done = subprocess.run([sys.executable, str(PROGRAMS / "memory_peak.py"), *models],
                         env={**ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true"}, cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
              if line.startswith("RESULT ")]

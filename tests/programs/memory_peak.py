@@ -1,10 +1,10 @@
 """Measures one training step of small models of each family the estimate must get right and
 prints `RESULT <json>` a model: the step's estimated bytes on top of the variables
 (activations kept, working memory, gradients) and the measured ones (TensorFlow's allocator
-peak during `train_on_batch` less what was allocated before it). Run with
+peak during `train_on_batch` less what was allocated before it; the median of 3 steps). Run with
 TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU allocator keeps statistics.
 
-    python memory_peak.py lstm gru attention embedding nested logits
+    python memory_peak.py mlp cnn lstm gru attention embedding nested logits gpt2
 """
 
 import gc
@@ -16,6 +16,33 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.parallel import estimates
+
+# One op at a time, as a GPU's stream runs its kernels: with several inter-op threads a CPU
+# runs independent ops at once, and the peak of the same step varied by up to 1.3x.
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def mlp():
+  return keras.Sequential([keras.Input((256,)), keras.layers.Dense(2048, activation="relu"),
+                           keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)]), \
+      1024, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def cnn():
+  return keras.Sequential([
+      keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+      keras.layers.MaxPool2D(), keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]), 64, \
+      keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def gpt2():  # KerasHub's GPT-2, small, built here (no download); its length is left open.
+  import keras_hub
+  backbone = keras_hub.models.GPT2Backbone(vocabulary_size=2000, num_layers=2, num_heads=2,
+                                           hidden_dim=64, intermediate_dim=256,
+                                           max_sequence_length=128)
+  return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None), 8, \
+      keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def recurrent(layer):
@@ -31,8 +58,8 @@ def attention():
 
 
 def embedding():
-  return keras.Sequential([keras.Input((100,), dtype="int32"), keras.layers.Embedding(5000, 64),
-                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)]), 128, \
+  return keras.Sequential([keras.Input((200,), dtype="int32"), keras.layers.Embedding(5000, 64),
+                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)]), 512, \
       "mse"
 
 
@@ -50,28 +77,38 @@ def logits():  # A language model's head: the loss keeps batch x positions x voc
       keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-MODELS = {"lstm": lambda: recurrent(keras.layers.LSTM),
+MODELS = {"mlp": mlp, "cnn": cnn, "gpt2": gpt2, "lstm": lambda: recurrent(keras.layers.LSTM),
           "gru": lambda: recurrent(keras.layers.GRU), "attention": attention,
           "embedding": embedding, "nested": nested, "logits": logits}
 
 
+LENGTH = {"gpt2": 128}
+
+
 def measure(name):
+  from keras import tree
+  from tfdist.parallel.step_memory import _specs
   keras.utils.set_random_seed(0)
   model, batch, loss = MODELS[name]()
   model.compile(keras.optimizers.Adam(), loss, jit_compile=False)
-  plan = estimates.estimate_memory(model, batch=batch, devices=1)["data_parallel"]
+  plan = estimates.estimate_memory(model, batch=batch, devices=1, length=LENGTH.get(name))
+  plan = plan["data_parallel"]
   rng = np.random.default_rng(0)
-  x = (rng.integers(0, 2, (batch, *model.input_shape[1:])).astype("int32")
-       if model.inputs[0].dtype == "int32" else
-       rng.random((batch, *model.input_shape[1:]), dtype=np.float32))
-  sparse = not isinstance(loss, str)
-  y = (rng.integers(0, 2, (batch, *model.output_shape[1:-1])).astype("int32") if sparse
-       else rng.random((batch, *model.output_shape[1:]), dtype=np.float32))
+  inputs, targets = _specs(model, batch, LENGTH.get(name))
+
+  def values(spec):  # Integers (token ids, classes, a mask): 0 or 1.
+    if spec.dtype.is_integer or spec.dtype.is_bool:
+      return rng.integers(0, 2, spec.shape.as_list()).astype(spec.dtype.as_numpy_dtype)
+    return rng.random(spec.shape.as_list(), dtype=np.float32)
+  x, y = tree.map_structure(values, inputs), tree.map_structure(values, targets)
   model.train_on_batch(x, y)
-  tf.config.experimental.reset_memory_stats("CPU:0")
-  before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-  model.train_on_batch(x, y)
-  measured = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+  measured = []  # Ops run in parallel, their order varies: the median of 3 steps' peaks.
+  for _ in range(3):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    model.train_on_batch(x, y)
+    measured.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+  measured = sorted(measured)[1]
   return {"model": name, "estimated": plan.activations + plan.working + plan.gradients,
           "activations": plan.activations, "measured": measured}
 

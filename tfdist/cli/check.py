@@ -1,7 +1,8 @@
 """`tfdist check CONFIG [--task TYPE:INDEX]`: validate a config and show what it will do.
 
 A bad config fails before TensorFlow is imported. TensorFlow is imported only to count this
-machine's GPUs when the replica count depends on them.
+machine's GPUs when the replica count depends on them and a GPU is visible, and to measure
+`auto` precision's speed-up the first time on a machine (then cached).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def run(args: list[str], task: str | None) -> int:
   settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
   from tfdist.machine import facts
   host_gpus = facts.visible_gpus()
-  gpus = _gpus_if_needed(config)
+  gpus = _gpus_if_needed(config) if host_gpus else 0  # No GPU visible: TensorFlow stays out.
   if host_gpus:  # A task sees its share of the host's GPUs (CUDA_VISIBLE_DEVICES).
     gpus = min(gpus, max(len(s.devices) for s in _shares(config, host_gpus).values()))
   try:

@@ -45,7 +45,10 @@ def cpu_model(cpuinfo: pathlib.Path = CPUINFO) -> str:
 
 
 def gpus() -> list[dict]:
-  """The GPUs TensorFlow sees (imports it): `[{"name": ..., "compute_capability": (9, 0)}]`."""
+  """The GPUs TensorFlow sees: `[{"name": ..., "compute_capability": (9, 0)}]`. TensorFlow is
+  imported only where a GPU is visible (`visible_gpus`): a CPU machine answers at once."""
+  if not visible_gpus():
+    return []
   import tensorflow as tf
   found = []
   for gpu in tf.config.list_physical_devices("GPU"):
@@ -56,7 +59,7 @@ def gpus() -> list[dict]:
 
 
 def gpu_capabilities() -> list[tuple[int, int]]:
-  """The compute capability of each GPU TensorFlow sees (imports it)."""
+  """The compute capability of each GPU TensorFlow sees (`gpus`)."""
   return [gpu["compute_capability"] for gpu in gpus()]
 
 

@@ -218,6 +218,12 @@ def _probe_device() -> str:
 
 
 def _tf_version() -> str:
+  """TensorFlow's version, from its installed distribution's metadata (importing TensorFlow
+  takes seconds: `tfdist check` reads a cached answer without it)."""
+  import importlib.metadata
+  for name in ("tensorflow", "tensorflow-cpu"):
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+      return importlib.metadata.version(name)
   import tensorflow as tf
   return tf.__version__
 

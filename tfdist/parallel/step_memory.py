@@ -32,9 +32,10 @@ class StepTensors:
     kept: the forward tensors the backward pass reads, kept from the forward pass until then.
     by_unit: `kept` by the unit (`placement.units`) whose ops made each tensor; the loss's and
       the inputs' under "(loss and inputs)".
-    working: on top of what is kept, the most one op of the step holds at once (the inputs it
-      reads that are not kept, and its outputs), or the optimizer's update of the largest
-      variable (`UPDATE_COPIES` of it, or of its gradient), whichever is more.
+    working: on top of what is kept and the gradients, the most the step's other tensors hold
+      at once (its ops run one at a time in the order they were made, each buffer freed after
+      its last reader), or the optimizer's update of the largest variable (`UPDATE_COPIES` of
+      it, and a sparse gradient's slices once more), whichever is more.
     gradients: the gradients the step returns (an embedding's: its rows' slices).
   """
   kept: int
@@ -98,20 +99,26 @@ def step_tensors(model, batch: int, length: int | None = None) -> StepTensors:
     unit = named[int(found[-1])][0] if found else LOSS_AND_INPUTS
     by_unit[unit] = by_unit.get(unit, 0) + _bytes(tensor, length)
   sizes = {t.name: _bytes(t, length) for op in operations for t in op.outputs}
+  returned = traced.structured_outputs
   gradients = [sum(_bytes(t, length) for t in tf.nest.flatten(g, expand_composites=True))
-               for g in traced.structured_outputs]
-  update = max((max(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size, g)
-                for v, g in zip(model.trainable_variables, gradients)), default=0)
-  working = max([_held(op, buffer, kept, sizes) for op in operations] + [UPDATE_COPIES * update])
+               for g in returned]
+  update = max((UPDATE_COPIES * int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size +
+                (size if isinstance(g, tf.IndexedSlices) else 0)
+                for v, g, size in zip(model.trainable_variables, returned, gradients)),
+               default=0)
   gradients = sum(gradients)
+  peak = _peak(operations, buffer, sizes, graph.outputs)
+  kept_bytes = sum(by_unit.values())
+  working = max(peak - kept_bytes - gradients, update, 0)
   return StepTensors(kept=sum(by_unit.values()), by_unit=by_unit, working=working,
                      gradients=gradients)
 
 
-# Temporaries of a variable's size, or of its gradient's when that is larger (an embedding's
-# slices of rows), while an optimizer updates it: Adam's moments' differences, the step's
-# quotient.
-UPDATE_COPIES = 3
+# Temporaries of a variable's size live at once while an optimizer updates it (Adam: the step's
+# numerator and the root of its second moment; the moments' differences come and go before);
+# a sparse gradient (an embedding's rows) adds one copy of its slices (Keras squares them
+# before it makes them dense).
+UPDATE_COPIES = 2
 
 
 def _buffers(operations) -> dict[str, str]:
@@ -135,12 +142,24 @@ def _buffers(operations) -> dict[str, str]:
   return buffer
 
 
-def _held(op, buffer: dict, kept: dict, sizes: dict) -> int:
-  """The memory `op` reads and writes while it runs, besides the kept tensors' and the
-  variables': each buffer of its inputs and outputs once."""
-  used = {buffer.get(t.name, t.name) for t in (*op.inputs, *op.outputs)
-          if t.op.type not in _NOT_KEPT}
-  return sum(sizes.get(name, 0) for name in used - kept.keys())
+def _peak(operations, buffer: dict, sizes: dict, outputs) -> int:
+  """The most memory the step's tensors hold at once, the operations run one at a time in the
+  order they were made: each buffer is made by the op that writes it first and freed after
+  the last op that reads it (the step's outputs, its gradients, live to the end)."""
+  last: dict[str, int] = {}
+  for i, op in enumerate(operations):
+    for t in op.inputs:
+      last[buffer.get(t.name, t.name)] = i
+  for t in outputs:
+    last[buffer.get(t.name, t.name)] = len(operations)
+  live = peak = 0
+  for i, op in enumerate(operations):
+    if op.type not in _NOT_KEPT:
+      made = {t.name for t in op.outputs if buffer.get(t.name, t.name) == t.name}
+      live += sum(sizes.get(name, 0) for name in made if name in last)
+    peak = max(peak, live)
+    live -= sum(sizes.get(name, 0) for name, end in last.items() if end == i)
+  return peak
 
 
 _VIEWS = {"Reshape", "Identity", "Squeeze", "ExpandDims", "StopGradient", "Snapshot"}
