@@ -36,18 +36,16 @@ def data():
   return x, y
 
 
-def train(config=None, style="keras_loss", out=None, exit_after=None):
-  """Returns (weights, [loss per epoch], [accuracy per epoch]) of the chief."""
-  loop = tfdist.TrainingLoop(config)
-  with loop.scope():
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((16,)),
-                              keras.layers.Dense(32, activation="relu",
-                                                 kernel_regularizer=keras.regularizers.L2(1e-3)),
-                              keras.layers.Dense(2)])
-    optimizer = keras.optimizers.Adam(0.01)
-    accuracy = keras.metrics.SparseCategoricalAccuracy()
-  loop.prepare(model, optimizer, accuracy)
+def build():
+  keras.utils.set_random_seed(3)
+  return keras.Sequential([keras.Input((16,)),
+                           keras.layers.Dense(32, activation="relu",
+                                              kernel_regularizer=keras.regularizers.L2(1e-3)),
+                           keras.layers.Dense(2)])
+
+
+def user_step(model, optimizer, accuracy, style):
+  """The user's step, written for one device."""
   loss_fn = keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction="none" if style == "reduce_mean" else "sum_over_batch_size")
 
@@ -63,7 +61,18 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
     accuracy.update_state(y, logits)
     return {"loss": loss}
+  return train_step
 
+
+def train(config=None, style="keras_loss", out=None, exit_after=None):
+  """Returns (weights, [loss per epoch], [accuracy per epoch]) of the chief."""
+  loop = tfdist.TrainingLoop(config)
+  with loop.scope():
+    model = build()
+    optimizer = keras.optimizers.Adam(0.01)
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+  loop.prepare(model, optimizer, accuracy)
+  train_step = user_step(model, optimizer, accuracy, style)
   x, y = data()
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(loop.global_batch_size)
   losses, accuracies = [], []
@@ -90,34 +99,16 @@ def train_by_hand(style="keras_loss", steps_per_execution=1, accumulate=1):
   reference. Returns what `train` returns: the weights, and per epoch the mean over calls of
   each call's last step's loss (what `loop.run` yields) and the accuracy. With `accumulate`
   > 1 the optimizer is Keras's `gradient_accumulation_steps`."""
-  keras.utils.set_random_seed(3)
-  model = keras.Sequential([keras.Input((16,)),
-                            keras.layers.Dense(32, activation="relu",
-                                               kernel_regularizer=keras.regularizers.L2(1e-3)),
-                            keras.layers.Dense(2)])
+  model = build()
   optimizer = keras.optimizers.Adam(
       0.01, gradient_accumulation_steps=accumulate if accumulate > 1 else None)
   accuracy = keras.metrics.SparseCategoricalAccuracy()
-  loss_fn = keras.losses.SparseCategoricalCrossentropy(
-      from_logits=True, reduction="none" if style == "reduce_mean" else "sum_over_batch_size")
-
-  @tf.function
-  def train_step(x, y):
-    with tf.GradientTape() as tape:
-      logits = model(x, training=True)
-      loss = loss_fn(y, logits)
-      if style == "reduce_mean":
-        loss = tf.reduce_mean(loss)
-      loss += tf.add_n(model.losses)
-    gradients = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-    accuracy.update_state(y, logits)
-    return loss
-
+  train_step = user_step(model, optimizer, accuracy, style)
   x, y = data()
   losses, accuracies = [], []
   for _ in range(EPOCHS):
-    step_losses = [float(train_step(x[i:i + 32], y[i:i + 32])) for i in range(0, len(x), 32)]
+    step_losses = [float(train_step(x[i:i + 32], y[i:i + 32])["loss"])
+                   for i in range(0, len(x), 32)]
     call_ends = list(range(steps_per_execution - 1, len(step_losses), steps_per_execution))
     if call_ends[-1] != len(step_losses) - 1:  # A shorter last call ends the epoch.
       call_ends.append(len(step_losses) - 1)
