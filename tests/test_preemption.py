@@ -89,15 +89,15 @@ def test_the_configs_preemption_signal_is_forwarded_and_max_restarts_resumes_aft
 def test_the_parameter_server_chief_saves_on_a_notice_and_the_relaunch_resumes(tmp_path):
   (tmp_path / "config.yaml").write_text(
       "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
-      "training: {global_batch_size: 32, steps_per_epoch: 100, steps_per_execution: 1, "
-      "epochs: 6, mixed_precision: 'off'}\n"
+      "training: {global_batch_size: 32, steps_per_epoch: 40, steps_per_execution: 1, "
+      "epochs: 5, mixed_precision: 'off'}\n"
       f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
 
   def launch(name):
     return start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / name), "--",
                         sys.executable, str(PROGRAMS / "ps_fit.py"))
   launcher, seen = launch("logs"), []
-  read_until(launcher, r"\[chief-0\] Epoch 3/6", 180, seen)
+  read_until(launcher, r"\[chief-0\] Epoch 3/5", 180, seen)
   launcher.send_signal(signal.SIGTERM)
   output = finish(launcher, 120, seen)
   assert launcher.returncode == 42, output[-3000:]
@@ -107,6 +107,6 @@ def test_the_parameter_server_chief_saves_on_a_notice_and_the_relaunch_resumes(t
   relaunched = launch("logs2")
   output = finish(relaunched, 240, [])
   assert relaunched.returncode == 0, output[-3000:]
-  assert re.search(r"\[chief-0\] tfdist: resuming at epoch [34] of 6", output), output[-3000:]
+  assert re.search(r"\[chief-0\] tfdist: resuming at epoch [34] of 5", output), output[-3000:]
   chief = json.loads(re.search(r"\[chief-0\] RESULT (.*)", output).group(1))
-  assert chief["epochs"][-1] == 5 and chief["iterations"] >= 600
+  assert chief["epochs"][-1] == 4 and chief["iterations"] >= 5 * 40

@@ -23,9 +23,9 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def mlp():
-  return keras.Sequential([keras.Input((256,)), keras.layers.Dense(2048, activation="relu"),
-                           keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)]), \
-      1024, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  return keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
+                           keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)]), \
+      2048, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def cnn():

@@ -8,7 +8,7 @@ import tensorflow as tf
 import keras
 import tfdist
 
-STEPS = 2000  # Enough that both workers interleave an update, even on a loaded machine.
+STEPS = 1000  # Enough that both workers interleave an update, even on a loaded machine.
 
 strategy = tfdist.make_strategy()
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
