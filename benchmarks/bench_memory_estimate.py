@@ -140,6 +140,8 @@ def measure(name: str) -> dict:
   # One op at a time, as a GPU's stream runs its kernels: with several inter-op threads a CPU
   # runs independent ops at once and the same step's peak varied by up to 1.3x.
   tf.config.threading.set_inter_op_parallelism_threads(1)
+  # Each op's threads: the cores this process may use (the default pool can count others).
+  tf.config.threading.set_intra_op_parallelism_threads(len(os.sched_getaffinity(0)))
 
   model, batch = {**MODELS, "lstm_20000": lstm_20000}[name]()
   length = LENGTH.get(name)

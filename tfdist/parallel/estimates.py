@@ -54,15 +54,14 @@ class DeviceMemory:
     return self.weights + self.gradients + self.optimizer + self.activations + self.working
 
 
-def layer_bytes(model, batch: int, length: int | None = None) -> list[dict]:
+def layer_bytes(model, kept: dict) -> list[dict]:
   """Per unit of `model` (`placement.units`: nested models opened): its name, weight,
-  trainable and activation bytes (what the backward pass keeps of its ops, for `batch`
-  examples: `step_memory.step_tensors`), then a last row, "(loss and inputs)", for the loss's
-  and the inputs' kept tensors. `length` sizes the dimensions the model leaves open."""
+  trainable and activation bytes (`kept`: what the backward pass keeps of its ops,
+  `step_memory.StepTensors.by_unit`), then a last row, "(loss and inputs)", for the loss's and
+  the inputs' kept tensors."""
   from tfdist.parallel.placement import units
-  from tfdist.parallel.step_memory import LOSS_AND_INPUTS, step_tensors
+  from tfdist.parallel.step_memory import LOSS_AND_INPUTS
 
-  kept = step_tensors(model, batch, length).by_unit
   rows = []
   for name, layer in units(model).items():
     rows.append({"name": name, "weights": sum(_bytes(w) for w in layer.weights),
@@ -139,11 +138,11 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
   from tfdist.parallel.placement import balanced_stages
   from tfdist.parallel.step_memory import step_tensors
 
-  rows = layer_bytes(model, batch, length)
+  whole = step_tensors(model, batch, length)
+  rows = layer_bytes(model, whole.by_unit)
   units, loss = rows[:-1], rows[-1]
   ratio = slots_per_weight(getattr(model, "optimizer", None))
   stages = stages or balanced_stages([r["weights"] for r in units], devices)
-  whole = step_tensors(model, batch, length)
   replica = step_tensors(model, max(1, batch // devices), length) if devices > 1 else whole
 
   def memory(selected, activations: int, step, gradients=None) -> DeviceMemory:

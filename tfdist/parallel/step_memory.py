@@ -13,6 +13,7 @@ kept.kept, kept.by_unit["lstm"]
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import re
@@ -110,8 +111,7 @@ def step_tensors(model, batch: int, length: int | None = None) -> StepTensors:
   peak = _peak(operations, buffer, sizes, graph.outputs)
   kept_bytes = sum(by_unit.values())
   working = max(peak - kept_bytes - gradients, update, 0)
-  return StepTensors(kept=sum(by_unit.values()), by_unit=by_unit, working=working,
-                     gradients=gradients)
+  return StepTensors(kept=kept_bytes, by_unit=by_unit, working=working, gradients=gradients)
 
 
 # Temporaries of a variable's size live at once while an optimizer updates it (Adam: the step's
@@ -152,13 +152,16 @@ def _peak(operations, buffer: dict, sizes: dict, outputs) -> int:
       last[buffer.get(t.name, t.name)] = i
   for t in outputs:
     last[buffer.get(t.name, t.name)] = len(operations)
+  freed = collections.defaultdict(int)  # Bytes freed after each op.
+  for name, end in last.items():
+    freed[end] += sizes.get(name, 0)
   live = peak = 0
   for i, op in enumerate(operations):
     if op.type not in _NOT_KEPT:
       made = {t.name for t in op.outputs if buffer.get(t.name, t.name) == t.name}
       live += sum(sizes.get(name, 0) for name in made if name in last)
     peak = max(peak, live)
-    live -= sum(sizes.get(name, 0) for name, end in last.items() if end == i)
+    live -= freed[i]
   return peak
 
 
@@ -218,9 +221,10 @@ def _specs(model, batch: int, length: int | None):
 
   graph = _functional(model)
   structure = graph.input
-  if length is None and open_inputs(model):
-    raise ValueError(f"input {open_inputs(model)[0]!r} leaves a dimension open: give the "
-                     "length to count it at")
+  open_ = open_inputs(model)
+  if length is None and open_:
+    raise ValueError(f"input {open_[0]!r} leaves a dimension open: give the length to count "
+                     "it at")
 
   def spec(t, dtype=None):
     shape = [batch] + [length if d is None else d for d in t.shape[1:]]
