@@ -142,6 +142,9 @@ def measure(name: str) -> dict:
   tf.config.threading.set_inter_op_parallelism_threads(1)
   # Each op's threads: the cores this process may use (the default pool can count others).
   tf.config.threading.set_intra_op_parallelism_threads(len(os.sched_getaffinity(0)))
+  # One region reserved up front, as a GPU's allocator reserves its memory: growing region by
+  # region, the allocator hands tensors whole free chunks of up to twice their size.
+  tf.zeros([1 << 28], tf.float32)  # 1 GiB, freed at once: one free chunk to split.
 
   model, batch = {**MODELS, "lstm_20000": lstm_20000}[name]()
   length = LENGTH.get(name)

@@ -137,6 +137,22 @@ def test_slurm_environment_errors(write_config, monkeypatch, env, message):
     slurm_backend.cluster_from_slurm(config)
 
 
+def test_a_preempted_task_records_42_before_a_peer_that_srun_stopped(tmp_path):
+  """`srun --kill-on-bad-exit` stops a task's peers once it exits 42; the batch script must
+  still requeue (the exit file's first writer wins), and a failure's root cause still counts."""
+  from tfdist.exit_codes import PREEMPTED
+  from tfdist.launch.supervisor import TASK_FAILED, Outcome
+  env = {"SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path)}
+  slurm_backend.finish(Outcome(PREEMPTED, "every task saved its backup"), env)
+  slurm_backend.finish(Outcome(TASK_FAILED, "worker-1 stopped", root_cause_code=143), env)
+  assert (tmp_path / "tfdist-7.exit").read_text() == f"{PREEMPTED}\n"
+  env["SLURM_JOB_ID"] = "8"
+  slurm_backend.finish(Outcome(0, "done"), env)
+  assert not (tmp_path / "tfdist-8.exit").exists()
+  slurm_backend.finish(Outcome(TASK_FAILED, "worker-1 failed", root_cause_code=7), env)
+  assert (tmp_path / "tfdist-8.exit").read_text() == "7\n"
+
+
 def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_path):
   path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
   with HeldPorts(1) as held:  # A free first port; the second is checked below.

@@ -70,15 +70,19 @@ def test_an_open_sequence_length_must_be_given():
 
 def test_the_estimate_is_within_one_and_a_half_times_the_measured_step():
   """Each family's step, measured by TensorFlow's own allocator statistics (the BFC allocator
-  keeps them on CPU) in a process of its own: the peak during `train_on_batch` less what was
-  allocated before, against the estimate's activations, working memory and gradients."""
+  keeps them on CPU), each in a process of its own (in one process, what earlier models left
+  in the allocator moved an attention step's peak by 1.4x): the peak during `train_on_batch`
+  less what was allocated before, against the estimate's activations, working memory and
+  gradients."""
   models = ["mlp", "cnn", "lstm", "gru", "attention", "embedding", "nested", "logits", "gpt2"]
-  done = subprocess.run([sys.executable, str(PROGRAMS / "memory_peak.py"), *models],
-                        env={**ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true"}, cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
-             if line.startswith("RESULT ")]
+  results = []
+  for model in models:
+    done = subprocess.run([sys.executable, str(PROGRAMS / "memory_peak.py"), model],
+                          env={**ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true"}, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results += [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
+                if line.startswith("RESULT ")]
   assert [r["model"] for r in results] == models
   for r in results:
     assert 1 / 1.5 <= r["estimated"] / r["measured"] <= 1.5, r

@@ -2,7 +2,8 @@
 prints `RESULT <json>` a model: the step's estimated bytes on top of the variables
 (activations kept, working memory, gradients) and the measured ones (TensorFlow's allocator
 peak during `train_on_batch` less what was allocated before it; the median of 3 steps). Run with
-TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU allocator keeps statistics.
+TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU allocator keeps statistics; each model in a process of
+its own (the allocator's free chunks are what earlier models left).
 
     python memory_peak.py mlp cnn lstm gru attention embedding nested logits gpt2
 """
@@ -90,6 +91,10 @@ LENGTH = {"gpt2": 128}
 
 
 def measure(name):
+  # One region reserved up front, as a GPU's allocator reserves its memory: growing region by
+  # region (2, 4, 8 MiB, ...), the allocator handed tensors whole free chunks of up to twice
+  # their size, and the same CNN step measured 1.4x more in one process than in another.
+  tf.zeros([1 << 28], tf.float32)  # 1 GiB, freed at once: one free chunk to split.
   from keras import tree
   from tfdist.parallel.step_memory import _specs
   keras.utils.set_random_seed(0)

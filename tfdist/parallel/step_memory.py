@@ -34,8 +34,8 @@ class StepTensors:
     by_unit: `kept` by the unit (`placement.units`) whose ops made each tensor; the loss's and
       the inputs' under "(loss and inputs)".
     working: on top of what is kept and the gradients, the most the step's other tensors hold
-      at once (its ops run one at a time in the order they were made, each buffer freed after
-      its last reader), or the optimizer's update of the largest variable (`UPDATE_COPIES` of
+      at once (its ops run one at a time, in the order they were made or newest ready first,
+      whichever holds more; each buffer freed after its last reader), or the optimizer's update of the largest variable (`UPDATE_COPIES` of
       it, and a sparse gradient's slices once more), whichever is more.
     gradients: the gradients the step returns (an embedding's: its rows' slices).
   """
@@ -108,7 +108,8 @@ def step_tensors(model, batch: int, length: int | None = None) -> StepTensors:
                 for v, g, size in zip(model.trainable_variables, returned, gradients)),
                default=0)
   gradients = sum(gradients)
-  peak = _peak(operations, buffer, sizes, graph.outputs)
+  peak = max(_peak(order, buffer, sizes, graph.outputs)
+             for order in (operations, _depth_first(operations)))
   kept_bytes = sum(by_unit.values())
   working = max(peak - kept_bytes - gradients, update, 0)
   return StepTensors(kept=kept_bytes, by_unit=by_unit, working=working, gradients=gradients)
@@ -163,6 +164,31 @@ def _peak(operations, buffer: dict, sizes: dict, outputs) -> int:
     peak = max(peak, live)
     live -= freed[i]
   return peak
+
+
+def _depth_first(operations) -> list:
+  """The operations in the order an executor that runs the newest ready op first takes them:
+  the chain of input gradients runs ahead while each layer's kernel gradient still waits,
+  keeping the gradient it reads. TensorFlow's executor takes orders between this and the
+  order they were made (an MLP's step measured from 28.6 to 40.6 MiB in different processes)."""
+  made = {op.name: i for i, op in enumerate(operations)}
+  waits = {op.name: 0 for op in operations}
+  readers = collections.defaultdict(list)
+  for op in operations:
+    for name in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
+      if name in made:
+        waits[op.name] += 1
+        readers[name].append(op)
+  ready = [op for op in reversed(operations) if not waits[op.name]]
+  order = []
+  while ready:
+    op = ready.pop()
+    order.append(op)
+    for reader in sorted(readers[op.name], key=lambda r: made[r.name]):
+      waits[reader.name] -= 1
+      if not waits[reader.name]:
+        ready.append(reader)
+  return order
 
 
 _VIEWS = {"Reshape", "Identity", "Squeeze", "ExpandDims", "StopGradient", "Snapshot"}

@@ -39,10 +39,14 @@ def discover(config: Config, options, environ: Mapping[str, str]) -> Discovery:
 
 
 def finish(outcome, environ: Mapping[str, str] = os.environ) -> None:
-  """Writes a failed launch's root cause's exit code for the batch script."""
-  from tfdist.launch.supervisor import TASK_FAILED
+  """Writes a failed launch's root cause's exit code, or a preempted one's, for the batch
+  script: `srun --kill-on-bad-exit` stops a task's peers once it exits 42 after its save, and
+  a peer stopped so (143) must not turn the job's preemption into a failure."""
+  from tfdist.launch.supervisor import PREEMPTED, TASK_FAILED
   if outcome.code == TASK_FAILED:
     record_exit(outcome.root_cause_code or outcome.code, environ)
+  elif outcome.code == PREEMPTED:
+    record_exit(PREEMPTED, environ)
 
 
 def expand_hostlist(text: str) -> list[str]:
