@@ -63,8 +63,9 @@ def define_flags() -> None:
                      "written to its log and the cluster stopped (restarted within "
                      "--max-restarts); default max(10 x the slowest call, 60), armed after "
                      "every task's first call.", lower_bound=1)
-  flags.DEFINE_float("grace-period", 5, "launch: seconds between SIGTERM and SIGKILL when "
-                     "stopping tasks.", lower_bound=0)
+  flags.DEFINE_float("grace-period", 25, "launch: seconds between SIGTERM and SIGKILL when "
+                     "stopping tasks (a preempted task saves its backup meanwhile); default 25, "
+                     "inside Kubernetes' and Slurm's default 30.", lower_bound=0)
   flags.DEFINE_string("logs", None, "launch: directory of the per-task logs; default "
                       "tfdist-logs/<date-time>.")
   flags.DEFINE_bool("verbose", False, "launch: show every task's output; by default the "

@@ -69,7 +69,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   exit_file = EXIT_FILE.format(job="${SLURM_JOB_ID:-0}")
   # The interpreter that exported the script: a bare `python` may lack tfdist on a node's PATH.
   # The launcher gives a task most of the notice to save its backup before killing it.
-  grace = max(notice - 10, 5) if notice else 5
+  grace = max(notice - 10, 5) if notice else 25  # Slurm's KillWait: 30 s by default.
   launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--slurm",
             *(["--port", str(port)] if port else []), "--grace-period", str(grace), "--",
             *command]

@@ -62,7 +62,7 @@ class LaunchOptions:
   startup_timeout: float = 120
   heartbeat_timeout: float = 60
   hang_timeout: float | None = None
-  grace_period: float = 5
+  grace_period: float = 25
   logs: str | None = None
   verbose: bool = False
   tensorboard: bool = False

@@ -83,7 +83,7 @@ class Supervisor:
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
-               max_restarts: int = 0, grace_period: float = 5, heartbeat_timeout: float = 60,
+               max_restarts: int = 0, grace_period: float = 25, heartbeat_timeout: float = 60,
                hang_timeout: float | None = None, verbose: bool = False, out: TextIO | None = sys.stdout,
                on_say: Callable[[str], None] | None = None,
                start_process: Callable[[ProcessPlan], subprocess.Popen] | None = None):
