@@ -56,12 +56,16 @@ def uninterrupted_weights():
   return [np.asarray(w) for w in resumable.train_plain().get_weights()]
 
 
+@pytest.mark.parametrize("training", ["", "training: {shard_optimizer: true}\n"],
+                         ids=["whole", "sharded"])
 def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
-    tmp_path, uninterrupted_weights):
+    tmp_path, uninterrupted_weights, training):
+  """Sharded (issue 34): each worker's backup holds the whole optimizer, gathered from the
+  shards, and the resumed run still ends with plain Keras's uninterrupted weights."""
   checkpoints = tmp_path / "checkpoints"
   config = tmp_path / "mwms.yaml"
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
-                    f"checkpoint: {{dir: {checkpoints}}}\n")
+                    f"checkpoint: {{dir: {checkpoints}}}\n{training}")
   tmp = tmp_path / "tmp"
   tmp.mkdir()
   env = {"TMPDIR": str(tmp), "CSV_LOG": str(tmp_path / "log.csv")}
@@ -80,6 +84,15 @@ def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
     weights = json.loads(_lines(p, "RESULT ")[0])
     for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
+    if training:  # Adam's two moments of half the weights (and the half it updates).
+      whole = sum(np.asarray(w).size for w in weights) * 4
+      assert 3 * whole / 2 <= int(_lines(p, "SHARDED ")[0]) <= 3 * whole / 2 + 3 * 4
+  if training:  # The checkpoint holds the whole optimizer, as an unsharded run's would.
+    import h5py
+    with h5py.File(checkpoints / "epoch-0006.weights.h5") as saved:
+      shapes = [saved["optimizer"]["vars"][str(i)].shape
+                for i in range(len(saved["optimizer"]["vars"]))]
+    assert shapes == [(), ()] + [np.shape(w) for w in weights for _ in range(2)], shapes
 
   # The user's CSVLogger appended after the restart: every epoch once, the first run's kept.
   rows = (tmp_path / "log.csv").read_text().splitlines()
@@ -125,6 +138,15 @@ def test_a_sigterm_mid_epoch_saves_the_backup_there_and_the_restart_resumes_ther
     weights = json.loads(_lines(p, "RESULT ")[0])
     for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
+    if training:  # Adam's two moments of half the weights (and the half it updates).
+      whole = sum(np.asarray(w).size for w in weights) * 4
+      assert 3 * whole / 2 <= int(_lines(p, "SHARDED ")[0]) <= 3 * whole / 2 + 3 * 4
+  if training:  # The checkpoint holds the whole optimizer, as an unsharded run's would.
+    import h5py
+    with h5py.File(checkpoints / "epoch-0006.weights.h5") as saved:
+      shapes = [saved["optimizer"]["vars"][str(i)].shape
+                for i in range(len(saved["optimizer"]["vars"]))]
+    assert shapes == [(), ()] + [np.shape(w) for w in weights for _ in range(2)], shapes
   chief = second[0].output()
   assert "tfdist: resuming at epoch 3 of 6, step 5 from" in chief, chief[-3000:]
 

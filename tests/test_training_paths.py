@@ -37,7 +37,8 @@ def _observe(model, optimizer) -> dict:
   return {"policy": model.layers[0].dtype_policy.name,
           "preemption_signal": signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL,
           "fused": "update_step" in vars(inner),
-          "split": hasattr(model, "tfdist_placement")}
+          "split": hasattr(model, "tfdist_placement"),
+          "sharded": hasattr(inner, "tfdist_shards")}
 
 
 class _Probe(keras.callbacks.Callback):
@@ -97,6 +98,9 @@ ASKED = {
     "training.gradient_accumulation_steps": (DEFAULT,
                                              {"training": {"gradient_accumulation_steps": 2}},
                                              lambda on, off: _moved(on, off)),
+    "training.shard_optimizer": (MIRRORED, {"training": {"shard_optimizer": True}},
+                                 lambda on, off: on["sharded"] and not off["sharded"] and
+                                 not _moved(on, off)),
     "parallel.stages": (DEFAULT, {"parallel": {"stages": [[0], [1]]}},
                         lambda on, off: on["split"] and not off["split"]),
     "checkpoint.preemption_signal": (DEFAULT, {"checkpoint": {"preemption_signal": "SIGUSR1"}},
@@ -168,6 +172,8 @@ def test_each_setting_is_applied_or_refused_on_each_path(key, path, tmp_path):
      "parallel: {stages: balanced}\n", "strategy.average_every", settings.SPLIT),
     ("parallel: {stages: balanced}\ntraining: {gradient_accumulation_steps: 2}\n",
      "training.gradient_accumulation_steps", settings.SPLIT),
+    ("cluster: {worker: 2}\nparallel: {stages: balanced}\ntraining: {shard_optimizer: true}\n",
+     "training.shard_optimizer", settings.SPLIT),
 ])
 def test_the_other_paths_refuse_in_one_line_and_check_says_so(write_config, text, key, path):
   import subprocess

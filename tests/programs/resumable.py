@@ -11,7 +11,8 @@ STEPS_PER_EXECUTION=n, n steps a call (1 by default); with STEP_LINES=1, the fir
 `STEP e s` after each call (s: steps done in epoch e) and takes 0.2 s more. With HANG_AT=e:s and
 HANG_MARKER=PATH, worker-1 of a first attempt (no PATH yet) blocks for good in a callback after
 step s of epoch e (`block_forever`); with SLOW_EPOCH_END=S the first task's first `on_epoch_end`
-takes S seconds."""
+takes S seconds. A sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, the
+optimizer state this task held."""
 
 import json
 import os
@@ -101,5 +102,8 @@ if __name__ == "__main__":
   csv = [keras.callbacks.CSVLogger(os.environ["CSV_LOG"])] if "CSV_LOG" in os.environ else []
   task = f"{config.task.type}-{config.task.index}" if config.task else "local"
   model = train(config, [Progress(task), *csv])
+  if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
+    from tfdist.training import sharded_optimizer
+    print(f"SHARDED {sharded_optimizer.shard_bytes(model.optimizer)}", flush=True)
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),
         flush=True)

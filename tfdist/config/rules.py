@@ -129,10 +129,25 @@ def _check_training(config: Config) -> None:
     raise ConfigError(f"must not be float16 under {name}: Keras's loss scaling fails "
                       "there; use bfloat16 or off", key="training.mixed_precision",
                       received="float16")
+  if training.shard_optimizer:
+    _check_sharding(config)
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:
     raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
                       key="training.per_replica_batch_size",
                       received=training.per_replica_batch_size)
+
+
+def _check_sharding(config: Config) -> None:
+  name, options = config.strategy.name, config.strategy.options
+  if name not in ("mirrored", "multi_worker_mirrored"):
+    raise ConfigError(f"needs strategy mirrored or multi_worker_mirrored, whose replicas each "
+                      f"keep the optimizer's state; {name} does not", key="training.shard_optimizer",
+                      received=True)
+  for key in ("gradient_compression", "average_every"):
+    if getattr(options, key, None) not in (None, "none", 0):
+      raise ConfigError(f"cannot be combined with strategy.{key}: the shards are updated from "
+                        "gradients all-reduced in their own dtype every step",
+                        key="training.shard_optimizer", received=True)
 
 
 def _check_devices(config: Config) -> None:

@@ -263,6 +263,10 @@ class TrainingConfig:
       (`tfdist.machine.speed`). Output layers stay float32. float16 is refused under
       central_storage, where Keras's loss scaling fails.
     gradient_accumulation_steps: apply the optimizer once every this many batches.
+    shard_optimizer: keep each replica's optimizer state for 1/N of the weights only (ZeRO
+      stage 1) under mirrored and multi_worker_mirrored: Adam's moments take 1/N of the bytes
+      on each replica, the weights are the unsharded run's, and files stay whole
+      (`tfdist.training.sharded_optimizer`).
     scale_learning_rate: multiply the learning rate by the number of replicas.
     warmup_epochs: ramp the (scaled) learning rate up linearly over this many epochs.
     seed: seeds Python, NumPy and TensorFlow when set.
@@ -276,6 +280,7 @@ class TrainingConfig:
   fused_optimizer: bool = True
   mixed_precision: Literal["off", "auto", "bfloat16", "float16"] = "auto"
   gradient_accumulation_steps: int = _field(1, _POSITIVE)
+  shard_optimizer: bool = False
   scale_learning_rate: bool = False
   warmup_epochs: int = _field(0, _NON_NEGATIVE)
   seed: int | None = None

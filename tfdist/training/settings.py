@@ -69,6 +69,8 @@ SETTINGS = (
                                "share one set of accumulators; use a larger batch",
              SPLIT: "use parallel.microbatches, which sums the micro-batches' gradients before "
                     "one update"}),
+    Setting("training.shard_optimizer", lambda c: c.training.shard_optimizer, False,
+            {SPLIT: "a split model's stages hold different variables on different devices"}),
     Setting("parallel.stages", lambda c: c.parallel.stages if c.parallel.enabled else None, None,
             {LOOP: "a user's own step runs whole models; split with tfdist.fit, or call "
                    "tfdist.parallel.split on the model and train it with model.fit",
@@ -172,7 +174,21 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
     inner.gradient_accumulation_steps = training.gradient_accumulation_steps
     if LOOP in paths:  # tfdist.fit's step loop lays accumulation out itself (keras_fixes).
       keras_fixes.accumulate_outside_cond(inner, strategy)
+  if training.shard_optimizer:
+    _shard(optimizer, strategy, config)
   return type(inner).__name__ if fused else None
+
+
+def _shard(optimizer, strategy, config: Config) -> None:
+  from tfdist.training import sharded_optimizer
+  why = sharded_optimizer.refusal(optimizer)
+  if why is None and getattr(optimizer, "inner_optimizer", optimizer).built:
+    why = "the optimizer was already built (shard it before its first step)"
+  if why:
+    raise ConfigError(f"cannot shard this optimizer: {why}", key="training.shard_optimizer",
+                      received=type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
+                      source=config.source)
+  sharded_optimizer.install(optimizer, strategy)
 
 
 def averaging(strategy, config: Config):

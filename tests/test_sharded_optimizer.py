@@ -1,0 +1,121 @@
+"""Optimizer-state sharding (issue 34, `training.shard_optimizer`): under mirrored each device
+holds half of the optimizer's slots, the weights are the unsharded run's (Adam and SGD with
+momentum; with gradient accumulation, global-norm clipping and float16 loss scaling), a saved
+.keras file is an ordinary one whose optimizer state is the unsharded run's, and what cannot be
+sharded is refused in one line naming the key. Multi-worker: tests/test_fault_tolerance.py
+(kill and resume, the checkpoint's whole optimizer, each worker's bytes)."""
+
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.training import sharded_optimizer
+from tests.launching import ENV
+from tests.programs import custom_loop
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+MIRRORED = {"strategy": "mirrored", "devices": {"logical_cpus": 2}}
+OPTIMIZERS = {"adam": lambda clip: keras.optimizers.Adam(0.01, global_clipnorm=clip),
+              "sgd_momentum": lambda clip: keras.optimizers.SGD(0.05, momentum=0.9,
+                                                                global_clipnorm=clip)}
+
+
+def _model():
+  keras.utils.set_random_seed(3)
+  return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                           keras.layers.Dense(2)])
+
+
+def _fit(optimizer, shard, clip=None, **training):
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
+                                     "mixed_precision": "off", "steps_per_execution": 1,
+                                     "shard_optimizer": shard, **training}}
+  x, y = custom_loop.data()
+  return tfdist.fit(_model, x, y, config=config, shuffle=False, verbose=0, compile=lambda: dict(
+      optimizer=OPTIMIZERS[optimizer](clip),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
+
+
+def _assert_same(a, b):
+  for got, want in zip(a, b, strict=True):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs(optimizer):
+  whole, sharded = _fit(optimizer, False), _fit(optimizer, True)
+  _assert_same(sharded.get_weights(), whole.get_weights())
+  inner = sharded.optimizer
+  assert [v.name for v in inner.variables] == ["iteration", "learning_rate"]
+  slots = [v for v in whole.optimizer.variables if v.name not in ("iteration",
+                                                                    "learning_rate")]
+  whole_bytes = sum(np.asarray(v).nbytes for v in slots)
+  per_device = {}
+  for slot in inner.tfdist_shards.slots.values():
+    for component in slot.value.values:
+      per_device[component.device] = per_device.get(component.device, 0) + \
+          int(np.prod(component.shape)) * 4
+  assert len(per_device) == 2
+  for held in per_device.values():  # Half, and at most one padding element per slot.
+    assert whole_bytes / 2 <= held <= whole_bytes / 2 + 4 * len(inner.tfdist_shards.slots)
+
+
+@pytest.mark.parametrize("training,clip", [
+    ({"gradient_accumulation_steps": 2}, None),
+    ({}, 0.05),
+    ({"mixed_precision": "float16"}, None),
+], ids=["accumulation", "global_clipnorm", "loss_scaling"])
+def test_sharded_equals_unsharded_with_accumulation_clipping_and_loss_scaling(training, clip):
+  whole, sharded = _fit("adam", False, clip, **training), _fit("adam", True, clip, **training)
+  _assert_same(sharded.get_weights(), whole.get_weights())
+  assert hasattr(getattr(sharded.optimizer, "inner_optimizer", sharded.optimizer),
+                 "tfdist_shards")
+
+
+def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_path):
+  whole, sharded = _fit("adam", False), _fit("adam", True)
+  sharded.save(tmp_path / "sharded.keras")
+  np.savez(tmp_path / "whole.npz", *[np.asarray(v) for v in whole.optimizer.variables])
+  program = (  # A plain process: Keras alone, no tfdist imported.
+      "import sys, keras, numpy as np\n"
+      f"model = keras.models.load_model({str(tmp_path / 'sharded.keras')!r})\n"
+      "assert 'tfdist' not in sys.modules\n"
+      f"want = np.load({str(tmp_path / 'whole.npz')!r})\n"
+      "got = [np.asarray(v) for v in model.optimizer.variables]\n"
+      "assert len(got) == len(want.files), (len(got), want.files)\n"
+      "for i, g in enumerate(got):\n"
+      "  np.testing.assert_allclose(g, want[f'arr_{i}'], atol=1e-6)\n"
+      "print('LOADED', len(got))\n")
+  done = subprocess.run([sys.executable, "-c", program], env=ENV, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0 and "LOADED 10" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"strategy": "default"}, "needs strategy mirrored or multi_worker_mirrored"),
+    ({"strategy": {"name": "mirrored", "gradient_compression": "bfloat16"}},
+     "cannot be combined with strategy.gradient_compression"),
+    ({"strategy": "central_storage"}, "needs strategy mirrored or multi_worker_mirrored"),
+])
+def test_what_cannot_be_sharded_is_refused_in_one_line(changes, message):
+  config = {**MIRRORED, **changes, "training": {"shard_optimizer": True}}
+  with pytest.raises(tfdist.ConfigError) as refused:
+    tfdist.load_config(config)
+  assert str(refused.value).startswith("<dict>: training.shard_optimizer: " + message)
+  assert "\n" not in str(refused.value)
+
+
+def test_an_optimizer_whose_update_is_not_elementwise_is_refused():
+  config = {**MIRRORED, "training": {"shard_optimizer": True, "epochs": 1,
+                                     "global_batch_size": 32}}
+  x, y = custom_loop.data()
+  with pytest.raises(tfdist.ConfigError) as refused:
+    tfdist.fit(_model, x, y, config=config, verbose=0, compile=lambda: dict(
+        optimizer=keras.optimizers.Lamb(), loss="sparse_categorical_crossentropy"))
+  assert str(refused.value).startswith(
+      "<dict>: training.shard_optimizer: cannot shard this optimizer: Lamb's update")
+  assert sharded_optimizer.refusal(keras.optimizers.Adam()) is None

@@ -1,0 +1,257 @@
+"""Optimizer-state sharding (ZeRO stage 1, arXiv 1910.02054) under mirrored and
+multi_worker_mirrored: each of the N replicas keeps the optimizer's slots (Adam's two moments,
+SGD's momentum) for 1/N of the weights only, instead of a whole copy each.
+
+The trainable variables are laid end to end in one flat vector, cut into N equal shards (the
+last padded); replica r's slots are variables of one shard's size. Each step, after Keras's
+all-reduce of the gradients (TensorFlow's collectives offer no reduce-scatter under these
+strategies; BUILD_NOTES.md), replica r updates its shard of the weights with its shard of the
+gradients and its slots (the optimizer's own `update_step`, elementwise, so the arithmetic is
+the unsharded one's), and the updated shards are all-gathered into every replica's weights:
+per step an all-reduce of the gradients plus an all-gather of the weights.
+
+Files stay whole: the optimizer saves and loads its variables in the order and shapes the
+unsharded optimizer has (each slot gathered from its shards), so `model.save`, ModelCheckpoint
+and tfdist's backup write ordinary files, loadable by plain Keras and resumable sharded.
+Under multi_worker_mirrored every worker must save at once (gathering is a collective), as
+Keras already asks of a multi-worker save.
+
+```yaml
+training: {shard_optimizer: true}
+strategy: multi_worker_mirrored
+```
+"""
+
+from __future__ import annotations
+
+import types
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# Optimizers whose update is elementwise in every variable: an update of the flat shard is the
+# unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
+# Nadam and Muon keep per-step state outside `update_step`.)
+SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Lion")
+
+
+def refusal(optimizer) -> str | None:
+  """Why `optimizer` cannot be sharded (a sentence), or None."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  name = type(inner).__name__
+  if name not in SHARDABLE or type(inner).__module__.split(".")[0] != "keras":
+    return (f"{name}'s update is not one Keras optimizer's elementwise update; shardable: "
+            f"{', '.join(SHARDABLE)}")
+  if getattr(inner, "use_ema", False):
+    return "an optimizer with use_ema keeps whole averages of every weight on every replica"
+  return None
+
+
+def install(optimizer, strategy) -> None:
+  """Makes `optimizer` (or the optimizer a LossScaleOptimizer wraps) keep its slots sharded over
+  the replicas of `strategy`. Call before the optimizer is built, in or out of the strategy's
+  scope.
+
+  Args:
+    optimizer: a Keras optimizer of `SHARDABLE`, unbuilt.
+    strategy: the run's MirroredStrategy or MultiWorkerMirroredStrategy.
+
+  Example:
+
+  ```python
+  strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    model = make_model()
+    optimizer = keras.optimizers.Adam()
+    install(optimizer, strategy)
+    model.compile(optimizer, "mse")
+  model.fit(x, y)   # each device holds half of Adam's moments
+  ```
+  """
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  if inner.built:
+    raise ValueError("shard the optimizer before it is built (before its first step)")
+  state = _Shards(inner, strategy)
+  inner.tfdist_shards = state
+  inner.build = types.MethodType(lambda self, variables: state.build(variables), inner)
+  inner._distributed_tf_update_step = types.MethodType(
+      lambda self, distribution, grads_and_vars, learning_rate: state.update(
+          distribution, grads_and_vars, learning_rate), inner)
+  for holder in {id(optimizer): optimizer, id(inner): inner}.values():
+    own = holder._variables if holder is not inner else []
+    holder.save_own_variables = types.MethodType(
+        lambda self, store, own=own: state.save(store, own), holder)
+    holder.load_own_variables = types.MethodType(
+        lambda self, store, own=own: state.load(store, own), holder)
+
+
+def shard_bytes(optimizer) -> int:
+  """The bytes of optimizer state one replica holds: its slots' shards (and the scratch shard of
+  the weights they update)."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  state = inner.tfdist_shards
+  return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+             for v in [*state.slots.values(), state.weights])
+
+
+class _Shards:
+  """The flat layout of a sharded optimizer, its shard optimizer and its whole-file order."""
+
+  def __init__(self, optimizer, strategy):
+    self.optimizer, self.strategy = optimizer, strategy
+    self.replicas = strategy.num_replicas_in_sync
+    ids = strategy.experimental_distribute_values_from_function(
+        lambda context: context.replica_id_in_sync_group)
+    devices = strategy.extended.worker_devices
+    self.replica_of = {tf.DeviceSpec.from_string(d).to_string(): int(i)
+                       for d, i in zip(devices, strategy.experimental_local_results(ids))}
+
+  def build(self, variables):
+    """Builds the optimizer without slots, then its shard optimizer over one flat shard."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    optimizer = self.optimizer
+    BaseOptimizer.build(optimizer, variables)
+    dtypes = {v.dtype for v in variables}
+    if len(dtypes) != 1:
+      raise ValueError(f"training.shard_optimizer: the trainable variables must share one dtype "
+                       f"to be laid end to end; received {sorted(dtypes)}")
+    self.shapes = [tuple(v.shape) for v in variables]
+    self.sizes = [int(np.prod(s)) for s in self.shapes]
+    self.size = -(-sum(self.sizes) // self.replicas)  # One shard: the total / N, rounded up.
+    config = {**optimizer.get_config(), "weight_decay": None, "clipnorm": None,
+              "clipvalue": None, "global_clipnorm": None, "gradient_accumulation_steps": None,
+              "name": f"{optimizer.name}_shard"}
+    shard = type(optimizer).from_config(config)
+    shard._iterations = optimizer._iterations  # Adam's bias correction counts the real steps.
+    with self.strategy.scope():
+      self.weights = keras.Variable(np.zeros([self.size], dtypes.pop()), trainable=False,
+                                    name="tfdist_weights_shard")
+      self.slots = _made_by(shard, lambda: shard.build([self.weights]))
+    self.shard = shard
+    if "update_step" in vars(optimizer):  # tfdist's fused kernels were installed on it.
+      from tfdist.training import fused_updates
+      fused_updates.install(shard)
+    self.order = self.whole_order()
+    optimizer.built = True
+
+  def update(self, distribution, grads_and_vars, learning_rate):
+    """Cross-replica: each replica updates its shard; the shards are gathered into the weights."""
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+             for g, _ in grads_and_vars]
+    variables = [v for _, v in grads_and_vars]
+    if len(variables) != len(self.sizes):
+      raise ValueError("training.shard_optimizer: every trainable variable needs a gradient "
+                       f"each step; {len(self.sizes) - len(variables)} had none")
+
+    # Adam's bias correction counts updates: Keras's `iterations` divides the batches counted
+    # by the accumulation steps, the shard optimizer's the same.
+    self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
+
+    def update_shard(shard, *values):
+      local = shard.device
+      start = self.replica_of[tf.DeviceSpec.from_string(local).to_string()] * self.size
+      flat_grads, flat_weights = (self._flat(values[:len(grads)]),
+                                  self._flat(values[len(grads):]))
+      shard.assign(flat_weights[start:start + self.size])
+      self.shard.update_step(flat_grads[start:start + self.size], shard, learning_rate)
+      return tf.identity(shard.read_value())
+    shards = distribution.extended.update(self.weights.value, update_shard,
+                                          args=(*grads, *variables), group=False)
+    whole = self._gather(distribution, shards if isinstance(shards, (tuple, list)) else [shards])
+    for variable, piece in zip(variables, self._pieces(whole)):
+      distribution.extended.update(variable, lambda v, x: v.assign(x), args=(piece,),
+                                   group=False)
+
+  def _flat(self, tensors):
+    flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+    return tf.pad(flat, [[0, self.size * self.replicas - flat.shape[0]]])
+
+  def _pieces(self, whole):
+    starts = np.cumsum([0, *self.sizes])
+    return [tf.reshape(whole[a:a + n], s) for a, n, s in zip(starts, self.sizes, self.shapes)]
+
+  def _gather(self, distribution, local):
+    """Every replica's shard, end to end, from this process's replicas' shards (in the order of
+    its devices): a concatenation, or an all-gather across workers."""
+    local = list(local)
+    if len(local) == self.replicas:  # One process holds every replica.
+      return tf.concat(local, 0)
+    first = min(self.replica_of.values())
+    shards = distribution.experimental_distribute_values_from_function(
+        lambda context: local[context.replica_id_in_sync_group - first])
+    return distribution.gather(shards, axis=0)
+
+  # -- Files: the unsharded optimizer's variables, in its order. ------------------------------
+
+  def whole_order(self):
+    """[(variable index, slot name) or the optimizer's own variable's name] in the order the
+    unsharded optimizer keeps its variables; read from a twin built over stand-ins of one
+    element (the order and names do not depend on shapes for `SHARDABLE` optimizers)."""
+    twin = type(self.optimizer).from_config(self.optimizer.get_config())
+    with self.strategy.scope():
+      stand_ins = [keras.Variable(np.zeros([1], self.weights.dtype), name=f"w{i}")
+                   for i in range(len(self.sizes))]
+    made = _made_by(twin, lambda: twin.build(stand_ins), key=lambda ref: int(ref.name[1:]))
+    slots = {id(v): key for key, v in made.items()}
+    return [slots.get(id(v), v.name) for v in twin.variables]
+
+  def _whole_slots(self) -> dict:
+    """{(variable index, slot name): the slot's whole value (NumPy)}, gathered from shards."""
+    names = sorted(self.slots)
+    gathered = tf.function(
+        lambda: [self._gather(self.strategy, [c.read_value() for c in
+                                              self.strategy.experimental_local_results(
+                                                  self.slots[n].value)])
+                 for n in names])()
+    return {(i, name): piece.numpy() for name, whole in zip(names, gathered)
+            for i, piece in enumerate(self._pieces(whole))}
+
+  def save(self, store, own_first) -> None:
+    values = self._whole_slots()
+    own = {v.name: v for v in self.optimizer._variables}
+    entries = [v.numpy() for v in own_first]
+    entries += [values[key] if isinstance(key, tuple) else own[key].numpy()
+                for key in self.order]
+    for i, value in enumerate(entries):
+      store[str(i)] = value
+
+  def load(self, store, own_first) -> None:
+    order = self.order
+    if len(store.keys()) != len(own_first) + len(order):
+      raise ValueError(f"training.shard_optimizer: the saved optimizer has {len(store.keys())} "
+                       f"variables; this one, unsharded, has {len(own_first) + len(order)}")
+    for i, v in enumerate(own_first):
+      v.assign(store[str(i)])
+    own = {v.name: v for v in self.optimizer._variables}
+    flat = {}
+    for i, key in enumerate(order, start=len(own_first)):
+      if isinstance(key, tuple):
+        flat.setdefault(key[1], [None] * len(self.sizes))[key[0]] = np.reshape(store[str(i)], -1)
+      else:
+        own[key].assign(store[str(i)])
+    for name, pieces in flat.items():
+      whole = np.concatenate(pieces)
+      whole = np.pad(whole, [0, self.size * self.replicas - whole.size])
+      for component in self.strategy.experimental_local_results(self.slots[name].value):
+        replica = self.replica_of[tf.DeviceSpec.from_string(component.device).to_string()]
+        component.assign(whole[replica * self.size:(replica + 1) * self.size])
+
+
+def _made_by(optimizer, build, key=lambda ref: None) -> dict:
+  """{slot key: variable} of the slots `build()` makes on `optimizer`: the key is the slot's
+  name, or (key(reference variable), name) when `key` names references."""
+  made = {}
+  add = optimizer.add_variable_from_reference
+
+  def recorded(reference_variable, name=None, **kwargs):
+    variable = add(reference_variable, name=name, **kwargs)
+    index = key(reference_variable)
+    made[name if index is None else (index, name)] = variable
+    return variable
+  optimizer.add_variable_from_reference = recorded
+  try:
+    build()
+  finally:
+    del optimizer.add_variable_from_reference
+  return made
