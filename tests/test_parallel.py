@@ -251,6 +251,24 @@ def test_the_estimated_bytes_per_device_match_the_variables_placed(make):
   assert plan["data_parallel"].variables == sum(estimated)
 
 
+def test_the_estimate_says_when_sharding_the_optimizer_makes_a_model_fit():
+  from tfdist.parallel import estimates
+  model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(2048),
+                            keras.layers.Dense(512)])
+  model.compile("adam", "mse")
+  plan = estimates.estimate_memory(model, batch=8, devices=4)
+  whole, sharded = plan["data_parallel"], plan["sharded"]
+  trainable = model.count_params() * 4
+  assert whole.optimizer == 2 * trainable
+  assert sharded.optimizer == 3 * (-(-model.count_params() // 4)) * 4  # 2 slots + the shard.
+  between = (whole.total + sharded.total) // 2
+  assert estimates.recommend(plan, between).startswith(
+      "data parallel with the optimizer's state sharded (training.shard_optimizer: true): ")
+  assert estimates.recommend(plan, whole.total).startswith("data parallel: the whole model")
+  assert estimates.recommend(plan, sharded.total - 1).startswith("split into") or \
+      estimates.recommend(plan, sharded.total - 1).startswith("does not fit")
+
+
 def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   import subprocess
   from tests.launching import ENV
@@ -275,6 +293,10 @@ def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   assert any(line.startswith("data parallel, each") and f"{weights:.2f} MiB" in line
              and f"{2 * weights:.2f} MiB" in line for line in lines)  # Adam: 2 slots.
   assert "data parallel: the whole model fits each device" in done.stdout
+  # Sharded (issue 34): Adam's two slots of half the weights, and the half they update.
+  sharded = 3 * 407045 * 4 / 2 ** 20
+  assert any(line.startswith("  optimizer sharded") and f"{sharded:.2f} MiB" in line
+             for line in lines), done.stdout
   # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
   assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout

@@ -31,6 +31,7 @@ def _model():
 
 
 def _fit(optimizer, shard, clip=None, **training):
+  """The model `tfdist.fit` trained on mirrored over 2 logical CPUs."""
   config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
                                      "mixed_precision": "off", "steps_per_execution": 1,
                                      "shard_optimizer": shard, **training}}
@@ -46,8 +47,15 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs(optimizer):
+def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs(optimizer,
+                                                                                 capsys):
   whole, sharded = _fit(optimizer, False), _fit(optimizer, True)
+  slots = {"adam": 2, "sgd_momentum": 1}[optimizer]
+  weights = sum(w.size for w in whole.get_weights()) * 4
+  saved = (slots * weights / 2 - weights / 2) / 2**20
+  name = type(sharded.optimizer).__name__
+  assert f"; {name}'s state sharded over 2 replicas, {saved:.2f} MiB less on each " \
+         "(training.shard_optimizer: false)" in capsys.readouterr().out
   _assert_same(sharded.get_weights(), whole.get_weights())
   inner = sharded.optimizer
   assert [v.name for v in inner.variables] == ["iteration", "learning_rate"]

@@ -116,7 +116,8 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
 
   Returns:
     A dict: "data_parallel" (the `DeviceMemory` of each device, its batch `batch / devices`),
-    "split" (one `DeviceMemory` per stage, the whole batch through each), "stages" (each
+    "sharded" (the same with `training.shard_optimizer`: the optimizer's state of 1/N of the
+    weights, and the shard of the weights it updates), "split" (one `DeviceMemory` per stage, the whole batch through each), "stages" (each
     unit's stage) and "layers" (their names); `render` prints it.
 
   Raises:
@@ -157,8 +158,12 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
            for k in range(last + 1)
            for chosen in [[r for r, s in zip(units, stages) if s == k]]]
   data_parallel = memory(units, replica.kept, replica, replica.gradients)
-  return {"data_parallel": data_parallel, "split": split, "stages": stages,
-          "layers": [r["name"] for r in units]}
+  trainable = sum(r["trainable"] for r in units)
+  shard = -(-trainable // devices)  # `training.shard_optimizer`: slots of 1/N, and the scratch
+  sharded = dataclasses.replace(  # copy of the weights' shard they update.
+      data_parallel, optimizer=int(round(shard * ratio)) + shard if ratio else 0)
+  return {"data_parallel": data_parallel, "sharded": sharded, "split": split,
+          "stages": stages, "layers": [r["name"] for r in units]}
 
 
 def recommend(plan: dict, capacity: int | None) -> str:
@@ -169,6 +174,10 @@ def recommend(plan: dict, capacity: int | None) -> str:
   if data.total <= capacity:
     return "data parallel: the whole model fits each device (strategy mirrored or " \
            "multi_worker_mirrored)"
+  sharded = plan.get("sharded")
+  if sharded and sharded.optimizer < data.optimizer and sharded.total <= capacity:
+    return "data parallel with the optimizer's state sharded (training.shard_optimizer: " \
+           f"true): {_mib(data.optimizer - sharded.optimizer)} less on each device makes it fit"
   if max(m.total for m in split) <= capacity:
     return f"split into {len(split)} stages (parallel: {{stages: balanced}}); the whole model " \
            "does not fit one device"
@@ -273,6 +282,8 @@ def render(plan: dict, capacity: int | None = None) -> str:
                  f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.working):>12}"
                  f"{_mib(m.total):>12}")
   row("data parallel, each", plan["data_parallel"])
+  if "sharded" in plan and plan["sharded"].optimizer < plan["data_parallel"].optimizer:
+    row("  optimizer sharded", plan["sharded"])
   for k, m in enumerate(plan["split"]):
     row(f"split, stage {k}", m)
   lines.append(recommend(plan, capacity))

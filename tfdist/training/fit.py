@@ -216,14 +216,15 @@ def _prepare_data(run: _Run, train_data, y, shuffle: bool, steps_per_epoch: int 
 
 def _announce(run: _Run) -> None:
   """The chief's start line, resume line and schedule warning."""
-  from tfdist.training import report
+  from tfdist.training import report, sharded_optimizer
   config = run.config
   if not is_chief(config):
     return
   report.say(report.choices_line(
       strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution, fused=run.fused,
-      accumulation=config.training.gradient_accumulation_steps))
+      accumulation=config.training.gradient_accumulation_steps,
+      sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables)))
   if run.first_epoch or run.first_step:
     report.say(report.resume_line(
         run.first_epoch, run.epochs, run.files[0].directory,

@@ -57,7 +57,7 @@ from tfdist.config.loader import ConfigLike, as_config
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
 from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
-                             report, settings)
+                             report, settings, sharded_optimizer)
 
 
 class TrainingLoop:
@@ -121,7 +121,7 @@ class TrainingLoop:
     self._built_with = settings.given_back_policy(self.config, self.precision)
     self._notice = settings.preemption_notice(self.config, self.strategy)
     self._averaging = settings.averaging(self.strategy, self.config)
-    self._fused, self._announced, self._listening = None, False, False
+    self._fused, self._sharded, self._announced, self._listening = None, None, False, False
     self.step = 0
     self._epoch, self._steps_into_epoch, self._resume_skip = 0, 0, 0
     self._tracked: dict[str, object] = {}
@@ -137,7 +137,8 @@ class TrainingLoop:
         strategy_name=self.config.strategy.name, replicas=self.replicas,
         global_batch=self.global_batch_size, precision=self.precision,
         steps_per_execution=self.config.training.steps_per_execution, fused=self._fused,
-        accumulation=self.config.training.gradient_accumulation_steps))
+        accumulation=self.config.training.gradient_accumulation_steps,
+        sharded=self._sharded))
 
   @contextlib.contextmanager
   def scope(self):
@@ -201,6 +202,7 @@ class TrainingLoop:
       with self.scope():
         optimizer.build(variables)
     replica_math.weight_gradients_by_share(inner)
+    self._sharded = sharded_optimizer.describe(optimizer, variables) or self._sharded
     if self.asynchronous:
       keras_fixes.sum_deltas([optimizer.iterations])
     self._tracked[f"optimizer_{len(self._tracked)}"] = optimizer

@@ -20,7 +20,7 @@ from tfdist.machine import precision as precision_lib
 
 def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                  precision: "precision_lib.Precision", steps_per_execution: int,
-                 fused: str | None, accumulation: int) -> str:
+                 fused: str | None, accumulation: int, sharded: str | None = None) -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
   that plain Keras would not, with the config key that turns it off, and what `auto`
   measured. Pure."""
@@ -44,6 +44,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
   if accumulation > 1:
     unlike.append(f"one update every {accumulation} batches "
                   "(training.gradient_accumulation_steps: 1)")
+  if sharded:
+    unlike.append(sharded)
   return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
 
 

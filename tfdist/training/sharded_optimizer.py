@@ -86,6 +86,20 @@ def install(optimizer, strategy) -> None:
         lambda self, store, own=own: state.load(store, own), holder)
 
 
+def describe(optimizer, variables) -> str | None:
+  """The start line's words for a sharded `optimizer` updating `variables`: its slots per
+  weight, the replicas, and the bytes each replica no longer holds; None when not sharded."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  state = getattr(inner, "tfdist_shards", None)
+  if state is None:
+    return None
+  weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+  n = state.replicas
+  saved = state.slots_per_weight * weights * (n - 1) / n - weights / n  # Less the scratch.
+  return (f"{type(inner).__name__}'s state sharded over {n} replicas, "
+          f"{saved / 2**20:.2f} MiB less on each (training.shard_optimizer: false)")
+
+
 def shard_bytes(optimizer) -> int:
   """The bytes of optimizer state one replica holds: its slots' shards (and the scratch shard of
   the weights they update)."""
@@ -106,6 +120,10 @@ class _Shards:
     devices = strategy.extended.worker_devices
     self.replica_of = {tf.DeviceSpec.from_string(d).to_string(): int(i)
                        for d, i in zip(devices, strategy.experimental_local_results(ids))}
+    twin = type(optimizer).from_config(optimizer.get_config())
+    with strategy.scope():  # Every replica installs it: a collective variable is fine here.
+      stand_in = keras.Variable(np.zeros([1], "float32"), name="w0")
+    self.slots_per_weight = len(_made_by(twin, lambda: twin.build([stand_in])))
 
   def build(self, variables):
     """Builds the optimizer without slots, then its shard optimizer over one flat shard."""
