@@ -2,7 +2,8 @@
 its threads; BENCH_ALL_CORES=1: not pinned). Modes:
 
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
-             `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x` and `LOSSES <one per epoch>`
+             `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x`, `LOSSES <one per epoch>` and
+             `OPTIMIZER_BYTES x` (the optimizer state it holds)
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
 
@@ -35,7 +36,18 @@ def train(config):
   replicas = tfdist.make_strategy(config).num_replicas_in_sync
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
   return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
-          "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses)]
+          "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses),
+          f"OPTIMIZER_BYTES {optimizer_bytes(history.model.optimizer)}"]
+
+
+def optimizer_bytes(optimizer) -> int:
+  """The optimizer state this task holds: its slots (sharded: its shards of them)."""
+  from tfdist.training import sharded_optimizer
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  if hasattr(inner, "tfdist_shards"):
+    return sharded_optimizer.shard_bytes(inner)
+  return sum(v.numpy().nbytes for v in inner.variables
+             if v.name not in ("iteration", "learning_rate"))
 
 
 def allreduce(config):

@@ -167,12 +167,9 @@ class _Shards:
     self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
 
     def update_shard(shard, *values):
-      local = shard.device
-      start = self.replica_of[tf.DeviceSpec.from_string(local).to_string()] * self.size
-      flat_grads, flat_weights = (self._flat(values[:len(grads)]),
-                                  self._flat(values[len(grads):]))
-      shard.assign(flat_weights[start:start + self.size])
-      self.shard.update_step(flat_grads[start:start + self.size], shard, learning_rate)
+      replica = self.replica_of[tf.DeviceSpec.from_string(shard.device).to_string()]
+      shard.assign(self._slice(values[len(grads):], replica))
+      self.shard.update_step(self._slice(values[:len(grads)], replica), shard, learning_rate)
       return tf.identity(shard.read_value())
     shards = distribution.extended.update(self.weights.value, update_shard,
                                           args=(*grads, *variables), group=False)
@@ -181,9 +178,20 @@ class _Shards:
       distribution.extended.update(variable, lambda v, x: v.assign(x), args=(piece,),
                                    group=False)
 
-  def _flat(self, tensors):
-    flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-    return tf.pad(flat, [[0, self.size * self.replicas - flat.shape[0]]])
+  def _slice(self, tensors, replica: int):
+    """Replica `replica`'s shard of `tensors` laid end to end (padded with zeros): the pieces
+    of the variables its range covers, cut where they lie (no whole-size copy)."""
+    begin, end = replica * self.size, (replica + 1) * self.size
+    pieces, start = [], 0
+    for tensor, size in zip(tensors, self.sizes):
+      a, b = max(begin, start), min(end, start + size)
+      if a < b:
+        pieces.append(tf.reshape(tensor, [-1])[a - start:b - start])
+      start += size
+    covered = sum(int(p.shape[0]) for p in pieces)
+    if covered < self.size:
+      pieces.append(tf.zeros([self.size - covered], tensors[0].dtype))
+    return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
   def _pieces(self, whole):
     starts = np.cumsum([0, *self.sizes])
