@@ -138,15 +138,6 @@ def test_a_sigterm_mid_epoch_saves_the_backup_there_and_the_restart_resumes_ther
     weights = json.loads(_lines(p, "RESULT ")[0])
     for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
-    if training:  # Adam's two moments of half the weights (and the half it updates).
-      whole = sum(np.asarray(w).size for w in weights) * 4
-      assert 3 * whole / 2 <= int(_lines(p, "SHARDED ")[0]) <= 3 * whole / 2 + 3 * 4
-  if training:  # The checkpoint holds the whole optimizer, as an unsharded run's would.
-    import h5py
-    with h5py.File(checkpoints / "epoch-0006.weights.h5") as saved:
-      shapes = [saved["optimizer"]["vars"][str(i)].shape
-                for i in range(len(saved["optimizer"]["vars"]))]
-    assert shapes == [(), ()] + [np.shape(w) for w in weights for _ in range(2)], shapes
   chief = second[0].output()
   assert "tfdist: resuming at epoch 3 of 6, step 5 from" in chief, chief[-3000:]
 
