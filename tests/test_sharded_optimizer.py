@@ -127,3 +127,5 @@ def test_an_optimizer_whose_update_is_not_elementwise_is_refused():
   assert str(refused.value).startswith(
       "<dict>: training.shard_optimizer: cannot shard this optimizer: Lamb's update")
   assert sharded_optimizer.refusal(keras.optimizers.Adam()) is None
+  assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1)) == \
+      "SGD without momentum keeps no state to shard"

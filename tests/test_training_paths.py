@@ -51,12 +51,15 @@ class _Probe(keras.callbacks.Callback):
     self.seen = _observe(self.model, self.model.optimizer)
 
 
+# SGD with momentum: a state to shard (training.shard_optimizer refuses plain SGD's none).
+
+
 def run_fit(config: dict) -> dict:
   x, y = custom_loop.data()
   probe = _Probe()
   history = tfdist.fit(_model, x, y, config=config, shuffle=False, verbose=0,
                        callbacks=[probe], compile=lambda: dict(
-                           optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.
+                           optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss=keras.losses.
                            SparseCategoricalCrossentropy(from_logits=True)))
   return {"weights": [w.numpy() for w in history.model.weights], "calls": probe.calls,
           **probe.seen}
@@ -65,7 +68,7 @@ def run_fit(config: dict) -> dict:
 def run_loop(config: dict) -> dict:
   loop = tfdist.TrainingLoop(config)
   with loop.scope():
-    model, optimizer = _model(), keras.optimizers.SGD(0.1)
+    model, optimizer = _model(), keras.optimizers.SGD(0.1, momentum=0.5)
   loop.prepare(model, optimizer)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

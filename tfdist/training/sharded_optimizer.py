@@ -43,6 +43,8 @@ def refusal(optimizer) -> str | None:
   if name not in SHARDABLE or type(inner).__module__.split(".")[0] != "keras":
     return (f"{name}'s update is not one Keras optimizer's elementwise update; shardable: "
             f"{', '.join(SHARDABLE)}")
+  if name == "SGD" and not inner.momentum:
+    return "SGD without momentum keeps no state to shard"
   if getattr(inner, "use_ema", False):
     return "an optimizer with use_ema keeps whole averages of every weight on every replica"
   return None
