@@ -43,7 +43,8 @@ BAD_CONFIGS = [
     ("unknown_training_key", "training: {epoch: 3}\n", None, None,
      "{f}: training.epoch: unknown key; the keys here are: global_batch_size, "
      "per_replica_batch_size, epochs, steps_per_epoch, steps_per_execution, jit_compile, "
-     "fused_optimizer, mixed_precision, gradient_accumulation_steps, scale_learning_rate, "
+     "fused_optimizer, mixed_precision, gradient_accumulation_steps, shard_optimizer, "
+     "scale_learning_rate, "
      "warmup_epochs, seed. "
      "Received: 'epoch'"),
     ("unknown_job", "cluster: {master: ['127.0.0.1:2000']}\n", None, None,
