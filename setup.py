@@ -7,6 +7,7 @@ import setuptools
 # 3.12.4. TensorFlow comes through an extra so that GPU users get the CUDA build and CPU users
 # the small one; one of them is required.
 TENSORFLOW = ">=2.19.1,<2.22"
+RAY = "ray[default]>=2.60,<3"  # Tested with 2.60.0.
 # keras-hub itself is installed with --no-deps (README): it requires tensorflow-text, which
 # pulls the full `tensorflow` wheel beside tensorflow-cpu. These are its other requirements.
 KERAS_HUB_DEPENDENCIES = ["regex", "rich", "kagglehub!=1.0.1", "kagglesdk==0.1.28",
@@ -36,12 +37,16 @@ setuptools.setup(
         "serving": ["aiohttp>=3.9,<4", "prometheus-client>=0.20,<1"],
         # Generation with KerasHub's causal LMs (then `pip install --no-deps keras-hub`).
         "hub": KERAS_HUB_DEPENDENCIES,
+        # `tfdist launch --backend ray`: Ray's state API (the `default` extra) is what users'
+        # clusters run and what the tests check actors with.
+        "ray": [RAY],
         # psutil: the suite's session-end check for processes it left alive.
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
                  "psutil>=5.9,<8",
                  # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
                  # models, for the exported manifests.
                  "kubernetes-validate>=1.31,<2", "kubeflow-training==1.9.0",
+                 RAY,  # The Ray backend's tests, against a real local head.
                  # The model server's tests.
                  "aiohttp>=3.9,<4", "prometheus-client>=0.20,<1",
                  # The generation tests (KerasHub's GPT-2).

@@ -44,7 +44,7 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
   assert shlex.split(srun) == [
       "srun", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdist", "launch", str(path),
-      "--slurm", "--port", "3000", "--grace-period", "80", "--", "python", "train.py", "--lr",
+      "--backend", "slurm", "--port", "3000", "--grace-period", "80", "--", "python", "train.py", "--lr",
       "0.1 0.2"]
   assert script.endswith('[ -f "tfdist-${SLURM_JOB_ID:-0}.exit" ] && status=$(cat '
                          '"tfdist-${SLURM_JOB_ID:-0}.exit") && rm -f "tfdist-${SLURM_JOB_ID:-0}'
@@ -119,7 +119,7 @@ def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeyp
 
 
 @pytest.mark.parametrize("env,message", [
-    ({}, r"--slurm: needs the environment of an srun task of 4 task\(s\): SLURM_PROCID not "
+    ({}, r"--backend slurm: needs the environment of an srun task of 4 task\(s\): SLURM_PROCID not "
          r"found in environment.*Received: 'no SLURM_PROCID'"),
     ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1",
       "SLURM_STEP_TASKS_PER_NODE": "3"}, r"Requested 4 tasks but only 3 were assigned"),

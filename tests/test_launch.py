@@ -237,7 +237,7 @@ def test_a_launch_of_several_cpu_workers_on_one_host_advises_one_worker_with_eve
                                            "strategy: multi_worker_mirrored\n"), environ={})
   plan = plan_launch(config, "c.yaml", ["python", "t.py"], log_dir="logs", ports=[1, 2])
   assert plan.describe().splitlines()[-1].startswith(
-      "advice: 2 workers share this host's CPU cores; on CPUs one worker per host")
+      "advice: 2 workers share one host's CPU cores; on CPUs one worker per host")
   with_gpus = plan_launch(config, "c.yaml", ["python", "t.py"], log_dir="logs", ports=[1, 2],
                           gpus=["0", "1"])
   assert with_gpus.advice == ()

@@ -6,7 +6,7 @@ from absl import flags
 
 
 COMMAND_FLAGS = {
-    "launch": ("task", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
+    "launch": ("task", "backend", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
                "heartbeat-timeout", "hang-timeout", "grace-period", "logs", "verbose", "keep-alive", "port",
                "tensorboard"),
     "check": ("task",),
@@ -90,12 +90,15 @@ def define_flags() -> None:
                       "GPU's memory limit or size, the RAM for CPUs).")
   flags.DEFINE_bool("bind-all", False, "tensorboard: listen on every interface, not only "
                     "127.0.0.1.")
-  flags.DEFINE_bool("slurm", False, "launch: take the cluster's addresses and this task from "
-                    "Slurm's environment (one srun task per task; see `tfdist export slurm`).")
+  flags.DEFINE_enum("backend", "local", ["local", "slurm", "ray"], "launch: where the tasks "
+                    "run: local (this machine, or --task's role of a real cluster), slurm (the "
+                    "cluster and this task from an srun step's environment; see `tfdist export "
+                    "slurm`), ray (each task a Ray actor of the cluster RAY_ADDRESS names).")
+  flags.DEFINE_bool("slurm", False, "launch: the old spelling of --backend slurm.")
   flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "
                     "stopped (for engines that restart exited containers, like StatefulSets).")
   flags.DEFINE_integer("port", None, "tensorboard: its port (default: a free one); export, "
-                       "launch --slurm: every task's server port "
+                       "launch --backend slurm: every task's server port "
                        "(Kubernetes: default 2222); on Slurm the first, tasks sharing a node "
                        "counting up from it (default: one of the job's own, from its job id, so "
                        "jobs sharing a node do not collide).", lower_bound=1, upper_bound=65535)

@@ -1,6 +1,7 @@
 """`tfdist launch CONFIG [FLAGS] -- COMMAND`: every task of the config's cluster on this machine
 (a cluster given by counts: 127.0.0.1 and free ports, held until the launch ends), one task of a
-real cluster on this host (`--task`, `--slurm`), or one process for a config without a cluster;
+real cluster on this host (`--task`, `--backend slurm`), every task as a Ray actor
+(`--backend ray`), or one process for a config without a cluster;
 supervised: output prefixed per task and logged, tasks ended with the launcher, the root cause
 of a failure named."""
 
@@ -12,7 +13,8 @@ import sys
 
 from absl import flags
 
-USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX | --slurm] [--dry-run] [--fresh] "
+USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX] [--backend local|slurm|ray] [--dry-run] "
+         "[--fresh] "
          "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--hang-timeout S] "
          "[--grace-period S] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] [--port P] "
          "-- COMMAND")
@@ -26,7 +28,7 @@ def run(args: list[str], task: str | None) -> int:
   if not args:
     raise SystemExit(f"usage: {USAGE}")
   options = LaunchOptions(
-      task=task, backend="slurm" if FLAGS.slurm else "local", port=FLAGS.port,
+      task=task, backend=_backend(), port=FLAGS.port,
       dry_run=FLAGS["dry-run"].value, fresh=FLAGS.fresh,
       max_restarts=FLAGS["max-restarts"].value, startup_timeout=FLAGS["startup-timeout"].value,
       heartbeat_timeout=FLAGS["heartbeat-timeout"].value,
@@ -40,6 +42,17 @@ def run(args: list[str], task: str | None) -> int:
   if result.code == OK and FLAGS["keep-alive"].value:
     _wait_until_stopped()
   return result.code
+
+
+def _backend() -> str:
+  """`--backend`; `--slurm` is kept as a spelling of `--backend slurm`, with a notice."""
+  if not FLAGS.slurm:
+    return FLAGS.backend
+  if FLAGS["backend"].present and FLAGS.backend != "slurm":
+    raise SystemExit(f"tfdist launch: --slurm and --backend {FLAGS.backend} disagree; give "
+                     "--backend alone")
+  print("tfdist launch: --slurm is now spelled --backend slurm", file=sys.stderr, flush=True)
+  return "slurm"
 
 
 def _wait_until_stopped() -> None:

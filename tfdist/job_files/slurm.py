@@ -1,4 +1,4 @@
-"""Slurm: the sbatch script of a config. Each srun task it starts runs `tfdist launch --slurm`,
+"""Slurm: the sbatch script of a config. Each srun task it starts runs `tfdist launch --backend slurm`,
 whose backend (`tfdist.launch.backends.slurm`) reads the task's cluster from Slurm's
 environment and writes the root cause's exit code to `EXIT_FILE` for the script to return.
 """
@@ -70,7 +70,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   # The interpreter that exported the script: a bare `python` may lack tfdist on a node's PATH.
   # The launcher gives a task most of the notice to save its backup before killing it.
   grace = max(notice - 10, 5) if notice else 25  # Slurm's KillWait: 30 s by default.
-  launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--slurm",
+  launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--backend", "slurm",
             *(["--port", str(port)] if port else []), "--grace-period", str(grace), "--",
             *command]
   lines += [

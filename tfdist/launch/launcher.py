@@ -29,7 +29,7 @@ class LaunchOptions:
 
   Attributes:
     task: this host's task as TYPE:INDEX (one role of a real cluster); None runs every task.
-    backend: "local", "slurm", or a backend module (`tfdist.launch.backends`).
+    backend: "local", "slurm", "ray", or a backend module (`tfdist.launch.backends`).
     port: the first port on each node (Slurm); None lets the backend choose.
     dry_run: make and return the plan; start nothing.
     fresh: start training over instead of resuming from an earlier run's backup.
@@ -100,27 +100,34 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
   from tfdist.machine import facts
 
   backend = (backends.get(options.backend) if isinstance(options.backend, str)
-             else options.backend)
-  found = backend.discover(load_config(config_path, environ={}), options, environ)
-  config, host_gpus = found.config, facts.visible_gpus()
+              else options.backend)
   log_dir = options.logs or os.path.join(
       "tfdist-logs", plan.new_run_name(environ, time.time(), secrets.token_hex(3)))
   held = []  # The ports of the running plan, held until it ends.
-
-  def make_plan(fresh: bool = False):
-    while held:
-      held.pop().close()
-    if not config.cluster.has_addresses:
-      held.append(ports.HeldPorts(len(config.cluster.tasks())))
-    return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=found.task,
-                            ports=held[0].ports if held else (), fresh=fresh, gpus=host_gpus,
-                            local_task=found.local_task)
-
   stack = contextlib.ExitStack()
   try:
+    found = backend.discover(load_config(config_path, environ={}), options, environ)
+    runner = found.runner
+    if runner is not None:
+      stack.callback(runner.close)  # Its tasks go with the launch, however it ends.
+    config = found.config
+    host_gpus = facts.visible_gpus() if found.gpus is None else found.gpus
+
+    def make_plan(fresh: bool = False, restart: bool = True):
+      nonlocal config
+      while held:
+        held.pop().close()
+      if restart and runner is not None:
+        config = runner.replan(config)
+      if not config.cluster.has_addresses:
+        held.append(ports.HeldPorts(len(config.cluster.tasks())))
+      return plan.plan_launch(config, config_path, command, log_dir=log_dir, task=found.task,
+                              ports=held[0].ports if held else (), fresh=fresh,
+                              gpus=host_gpus, local_task=found.local_task)
+
     # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
     # resumes from the backup this run wrote.
-    first = make_plan(fresh=options.fresh)
+    first = make_plan(fresh=options.fresh, restart=False)
     for address in plan.public_addresses(config):
       print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
             "have no authentication: run the cluster on a trusted, private network",
@@ -141,7 +148,7 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
         max_restarts=options.max_restarts, grace_period=options.grace_period,
         heartbeat_timeout=options.heartbeat_timeout, hang_timeout=options.hang_timeout,
         verbose=options.verbose, on_say=events,
-        start_process=backend.start).run()
+        start_process=backend.start if runner is None else runner.start).run()
   finally:
     stack.close()
     while held:

@@ -6,6 +6,7 @@ Pure: the config, the user's command, the ports and paths are arguments; nothing
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import ipaddress
 import os
@@ -149,9 +150,11 @@ def host_advice(config: Config, trainers: Sequence[ProcessPlan], gpus: Sequence[
   """A line for synchronous workers sharing this host's CPUs: their all-reduce goes through
   gRPC between processes, and one worker with every core was measured faster (issue 25). Pure.
   """
-  if config.strategy.name != "multi_worker_mirrored" or gpus or len(trainers) < 2:
+  hosts = collections.Counter(split_address(p.address)[0] for p in trainers if p.address)
+  sharing = max(hosts.values(), default=0)  # The most workers on one host (Ray: any node).
+  if config.strategy.name != "multi_worker_mirrored" or gpus or sharing < 2:
     return ()
-  return (f"advice: {len(trainers)} workers share this host's CPU cores; on CPUs one worker "
+  return (f"advice: {sharing} workers share one host's CPU cores; on CPUs one worker "
           "per host using all of them trains faster (workers on one host all-reduce through "
           "gRPC; measured by benchmarks/bench_scaling.py, BUILD_NOTES.md). Several workers on "
           "one host are for trying a cluster's code paths.",)

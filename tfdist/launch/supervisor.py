@@ -288,7 +288,7 @@ class Supervisor:
     restart of the whole cluster within the budget (None) or the launch's end."""
     for r in self._trainers():  # faulthandler, registered by `import tfdist` in each task.
       with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(r.process.pid, liveness.STACKS_SIGNAL)
+        r.process.send_signal(liveness.STACKS_SIGNAL)
     time.sleep(_STACKS_WRITTEN)
     cause = next(r for r in self._running if r.plan.name == hang.behind)
     self.say(f"{hang.describe()}: the root cause. Every task's Python stack (all threads) is "
@@ -339,8 +339,13 @@ def _how_it_ended(r: Running) -> tuple[str, str]:
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
+  """`signum` to the process group of a task: its own `signal_group` for a process on another
+  machine (`backends.ray.RayProcess`), else this host's `killpg`."""
   with contextlib.suppress(ProcessLookupError, PermissionError):
-    os.killpg(process.pid, signum)
+    if hasattr(process, "signal_group"):
+      process.signal_group(signum)
+    else:
+      os.killpg(process.pid, signum)
 
 
 def _tail(path: str, lines: int = _TAIL_LINES) -> str:

@@ -1,5 +1,5 @@
 """The Slurm launch backend: each srun task's cluster and task from Slurm's environment, and
-the job's exit code for the batch script (`tfdist launch --slurm`).
+the job's exit code for the batch script (`tfdist launch --backend slurm`).
 
 Slurm starts one process per task (`srun`). tfdist reads the step's nodes and tasks per node
 from Slurm's environment in Slurm's own order (TensorFlow's `SlurmClusterResolver` sorts host
@@ -133,7 +133,8 @@ def cluster_from_slurm(config: Config, port: int | None = None,
     addresses, task = slurm_cluster(config.cluster.counts(), environ, port)
   except (ValueError, IndexError) as e:
     raise ConfigError(f"needs the environment of an srun task of {tasks} task(s): {e}",
-                      key="--slurm", received=environ.get("SLURM_PROCID", "no SLURM_PROCID"),
+                      key="--backend slurm",
+                      received=environ.get("SLURM_PROCID", "no SLURM_PROCID"),
                       source=config.source) from None
   return dataclasses.replace(config,
                              cluster=dataclasses.replace(config.cluster, addresses=addresses),

@@ -1,0 +1,229 @@
+"""`tfdist launch --backend ray` against a real local Ray: a head started here with `ray start
+--head --block` (bounded, stopped by its process id), every task a Ray actor. A 2-worker
+MultiWorkerMirrored job equals plain Keras on one device; a parameter-server job converges; a
+killed worker restarts the cluster, and SIGINT then leaves no actor and no task alive; a bad
+RAY_ADDRESS and a missing Ray are refused in one line."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import portpicker
+import psutil
+import pytest
+
+from tests.conftest import PROGRAMS, REPO
+from tests.launching import ENV, finish, read_until, start_launch
+
+# Loopback only, for the head, the launchers and this process (read when Ray is imported): Ray
+# otherwise binds every interface and names the node by its outward address.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+os.environ.update(LOOPBACK)
+pytest.importorskip("ray", reason="the ray extra is not installed")
+
+_MARK = "TFDIST_RAY_TEST_HEAD"  # Carried by every process of the head: its workers, their tasks.
+_START_S = 90
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+  """A local Ray head on 127.0.0.1 with 4 CPUs; yields its address (RAY_ADDRESS)."""
+  port, dashboard = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+  temp = f"/tmp/tfdist-ray-{os.getpid()}"  # Short: Ray's sockets live there.
+  env = {key: value for key, value in ENV.items() if key != "TFDIST_TEST_SESSION"}
+  env.update({_MARK: str(os.getpid()), "RAY_USAGE_STATS_ENABLED": "0", **LOOPBACK})
+  head = subprocess.Popen(
+      ["ray", "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+       "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+       f"--dashboard-port={dashboard}", f"--temp-dir={temp}", "--disable-usage-stats"],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  address = f"127.0.0.1:{port}"
+  try:
+    _wait_until_ready(head, address)
+    yield address
+  finally:
+    # SIGKILL: `ray start --block` left its GCS running for 15 s and more after a SIGTERM.
+    os.killpg(head.pid, signal.SIGKILL)
+    head.wait()
+    _, left = psutil.wait_procs(_marked(), timeout=10)  # Tasks die with their actors.
+    for process in left:
+      process.kill()
+    shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"the Ray head left processes: {[p.pid for p in left]}"
+
+
+def _wait_until_ready(head, address):
+  from ray.util.state import list_nodes
+  deadline = time.monotonic() + _START_S
+  while time.monotonic() < deadline:
+    assert head.poll() is None, head.stdout.read().decode()[-3000:]
+    try:
+      if any(node.state == "ALIVE" for node in list_nodes(address=address, timeout=5)):
+        return
+    except Exception:  # pylint: disable=broad-except  # Not up yet.
+      pass
+    time.sleep(1)
+  pytest.fail(f"the Ray head did not come up in {_START_S} s")
+
+
+def _marked() -> list[psutil.Process]:
+  found = []
+  for process in psutil.process_iter():
+    try:
+      if process.environ().get(_MARK) == str(os.getpid()):
+        found.append(process)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+      pass
+  return found
+
+
+def alive_actors(address):
+  from ray.util.state import list_actors
+  return [a for a in list_actors(address=address, timeout=10)
+          if a.class_name == "TaskActor" and a.state != "DEAD"]
+
+
+def ray_launch(address, config, tmp_path, *args):
+  return start_launch(str(config), "--backend", "ray", "--logs", str(tmp_path / "logs"),
+                      "--verbose", *args, env={"RAY_ADDRESS": address, **LOOPBACK})
+
+
+def results(output):
+  return {name: json.loads(text)
+          for name, text in re.findall(r"\[(\S+)\] RESULT plain (.*)", output)}
+
+
+def test_two_workers_equal_plain_keras_on_one_device(ray_head, write_config, tmp_path):
+  from tests.programs import equivalence_case as case
+  from tests.test_fit import assert_same_training
+
+  config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  launcher = ray_launch(ray_head, config, tmp_path, "--", sys.executable,
+                        str(PROGRAMS / "equivalence_case.py"), "plain")
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  # Each task's address is its actor's node and a port picked there.
+  assert re.search(r'TF_CONFIG=\{"cluster": \{"worker": \["127\.0\.0\.1:\d+", '
+                   r'"127\.0\.0\.1:\d+"\]\}', output), output[:3000]
+  found = results(output)
+  assert sorted(found) == ["worker-0", "worker-1"], output[-3000:]
+  reference = case.train_plain("plain")
+  for result in found.values():
+    assert_same_training(result, reference, "plain")
+  assert "RESULT plain " in (tmp_path / "logs" / "worker-1.log").read_text()
+  assert alive_actors(ray_head) == []
+
+
+def test_parameter_server_job_converges(ray_head, write_config, tmp_path):
+  config = write_config(
+      "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
+      "training: {global_batch_size: 32, steps_per_epoch: 30, steps_per_execution: 5, "
+      "epochs: 3, mixed_precision: 'off'}\n")
+  launcher = ray_launch(ray_head, config, tmp_path, "--", sys.executable,
+                        str(PROGRAMS / "ps_fit.py"))
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  (line,) = re.findall(r"\[chief-0\] RESULT (.*)", output)
+  chief = json.loads(line)
+  assert chief["iterations"] == 3 * 30 and chief["workers_running_steps"] == 2
+  assert chief["history"]["val_loss"][-1] < 0.05 * chief["history"]["loss"][0], chief
+  assert "[tfdist launch] ps-0 started" in output
+  assert alive_actors(ray_head) == []
+
+
+def test_killed_worker_restarts_then_sigint_leaves_no_actor(ray_head, write_config, tmp_path):
+  config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                        f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
+  launcher = ray_launch(ray_head, config, tmp_path, "--grace-period", "5", "--max-restarts",
+                        "1", "--", "env", "PAUSE_AFTER_EPOCH=3", sys.executable,
+                        str(PROGRAMS / "resumable.py"))
+  seen = []
+  try:
+    read_until(launcher, r"\[worker-1\] EPOCH_END 2", 240, seen)
+    worker_1 = int(re.search(r"\[worker-1\] PID (\d+)", "".join(seen)).group(1))
+    os.kill(worker_1, signal.SIGKILL)  # Its actor lives on: the task failed, not the actor.
+    read_until(launcher, r"\[worker-1\] EPOCH_BEGIN 3", 240, seen)
+    after = "".join(seen).split("restarting the whole cluster", 1)[1]
+    tasks = [int(p) for p in re.findall(r"\[worker-\d\] PID (\d+)", after)]
+    os.killpg(launcher.pid, signal.SIGINT)  # As Ctrl-C in a terminal.
+    output = finish(launcher, 120, seen)
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+  before = output.split("restarting the whole cluster", 1)[0]
+  assert "worker-1 failed first (exit code -9): the root cause" in before, before[-3000:]
+  assert re.findall(r"\[worker-1\] EPOCH_BEGIN (\d)", after) == ["3"]  # Resumed at epoch 4.
+  assert launcher.returncode == 130, output[-3000:]
+  assert "SIGINT received: forwarded to every task" in output
+  assert alive_actors(ray_head) == []
+  assert len(tasks) == 2 and not any(psutil.pid_exists(pid) for pid in tasks)
+
+
+def test_a_dead_actor_is_its_tasks_failure(ray_head, write_config, tmp_path):
+  """An actor that dies (its worker process killed, as when its node is lost) ends its task
+  with -9, named; its process dies with it."""
+  config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  program = "import time, tfdist\ntfdist.make_strategy()\nprint('UP', flush=True)\ntime.sleep(600)"
+  launcher = ray_launch(ray_head, config, tmp_path, "--grace-period", "2", "--", sys.executable,
+                        "-c", program)
+  seen = []
+  try:
+    read_until(launcher, r"\[worker-1\] UP", 180, seen)
+    task = int(re.search(r"\[tfdist launch\] worker-1 started \(pid (\d+)",
+                         "".join(seen)).group(1))
+    (actor,) = [a for a in alive_actors(ray_head) if a.pid == psutil.Process(task).ppid()]
+    os.kill(actor.pid, signal.SIGKILL)  # The actor's worker process, as a lost node's.
+    output = finish(launcher, 120, seen)
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+  assert launcher.returncode == 1, output[-3000:]
+  assert "worker-1 failed first (exit code -9): the root cause" in output, output[-3000:]
+  assert "its Ray actor died" in output
+  assert alive_actors(ray_head) == [] and not psutil.pid_exists(task)
+
+
+@pytest.mark.parametrize("address,message", [
+    ("127.0.0.1:1", r"RAY_ADDRESS: must be a running Ray cluster's address.*nothing answers "
+                    r"there\. Received: '127\.0\.0\.1:1'"),
+    ("http://127.0.0.1:8265", r"RAY_ADDRESS: must be .*an http address is the dashboard's"),
+])
+def test_a_bad_ray_address_is_refused_in_one_line(write_config, address, message):
+  config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  result = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--backend",
+                           "ray", "--", "python", "train.py"], env={**ENV, "RAY_ADDRESS": address},
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert result.returncode == 2, result.stderr
+  (line,) = result.stderr.strip().splitlines()
+  assert re.search(message, line), line
+
+
+def test_without_ray_the_backend_names_the_extra(write_config):
+  config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  program = ("import sys; sys.modules['ray'] = None\n"  # As where Ray is not installed.
+             "from tfdist.cli.main import main\n"
+             f"sys.argv = ['tfdist', 'launch', {str(config)!r}, '--backend', 'ray', '--', 'x']\n"
+             "main()\n")
+  result = subprocess.run([sys.executable, "-c", program], env=ENV, capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+  assert result.returncode == 2, result.stderr
+  (line,) = result.stderr.strip().splitlines()
+  assert 'needs Ray: pip install "tfdist[ray]"' in line and "--backend" in line, line
+
+
+def test_a_cluster_ray_cannot_place_is_refused_before_anything_starts(ray_head, write_config):
+  config = write_config("cluster: {worker: 5}\nstrategy: multi_worker_mirrored\n")
+  result = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--backend",
+                           "ray", "--", "python", "train.py"],
+                          env={**ENV, "RAY_ADDRESS": ray_head, **LOOPBACK}, capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+  assert result.returncode == 2, result.stderr
+  (line,) = result.stderr.strip().splitlines()
+  assert line.endswith("--backend: the Ray cluster has 4 CPU(s), 5 task(s) need 1 each (ray "
+                       "start --num-cpus/--num-gpus, or fewer tasks). Received: 'ray'"), line
+  assert alive_actors(ray_head) == []

@@ -1,0 +1,315 @@
+"""The Ray launch backend (`tfdist launch --backend ray`): every task of the config's cluster as
+a Ray actor of the cluster `RAY_ADDRESS` names, its process started on the actor's node.
+
+- Placement: one placement group, one bundle per task (1 CPU and `devices.gpus_per_task`
+  GPUs), spread, so a cluster of several nodes gets one task per node where it can; a task's
+  GPUs are those Ray assigns its actor (`CUDA_VISIBLE_DEVICES`).
+- TF_CONFIG: each actor's node address and a port picked free on that node.
+- The supervisor is the local one: each task's process is a `RayProcess` (the `Popen` calls
+  it makes, over Ray): output streamed back, the heartbeat file mirrored into the launcher's
+  log folder, signals sent through the actor. A dead actor (killed, its node lost) is its
+  task's failure (exit code -9); the next start of that task makes a new actor in the same
+  bundle, and a restart of the cluster gives it a new address when it moved to another node.
+- The job's actors and placement group are removed when the launch ends, however it ends
+  (Ray also removes a driver's actors when the driver dies).
+
+Ray comes through the `ray` extra: `pip install -e ".[cpu,ray]"`.
+
+```python
+from tfdist.launch import LaunchOptions, launch
+launch("configs/multi_worker_mirrored.yaml", ["python", "train.py"],
+       LaunchOptions(backend="ray"))       # RAY_ADDRESS=10.0.0.5:6379, or "auto"
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Mapping
+
+from tfdist.config.schema import Config
+from tfdist.errors import ConfigError
+from tfdist.launch.backends import Discovery
+from tfdist.launch.liveness import HEARTBEAT_ENV
+from tfdist.machine.ports import accepts
+
+NAME = "ray"
+ADDRESS_ENV = "RAY_ADDRESS"
+KILLED = -signal.SIGKILL  # A task whose actor died (killed, or its node lost).
+_CALL_TIMEOUT = 60  # Seconds for one call to an actor (a start, a node's address).
+_SILENT_LIMIT = 180  # Seconds without an answer after which an actor counts as dead.
+
+
+def discover(config: Config, options, environ: Mapping[str, str]) -> Discovery:
+  """Connects to the Ray cluster `RAY_ADDRESS` names, places one actor per task of the
+  config's cluster and gives the cluster their addresses.
+
+  Raises:
+    ConfigError: Ray is not installed, no Ray cluster answers at `RAY_ADDRESS`, the config
+      gives addresses or `--task` (Ray places the tasks), or the cluster lacks the resources.
+  """
+  if options.task:
+    raise ConfigError("a Ray launch runs every task of the cluster; leave --task out",
+                      key="--task", received=options.task)
+  if config.cluster.has_addresses:
+    raise ConfigError("give the cluster by counts (worker: 2): Ray places the tasks and gives "
+                      "their addresses", key="cluster", source=config.source,
+                      received=dict(config.cluster.addresses))
+  ray = _connect(environ)
+  job = RayJob(ray, config, options.startup_timeout)
+  return Discovery(job.config, runner=job, gpus=())
+
+
+def start(process) -> subprocess.Popen:
+  raise RuntimeError("a Ray launch starts its tasks through its job (Discovery.runner)")
+
+
+def finish(outcome, environ: Mapping[str, str]) -> None:
+  del outcome, environ
+
+
+def _connect(environ: Mapping[str, str]):
+  """`ray`, connected to the cluster at `RAY_ADDRESS` (default "auto": the one this machine
+  runs), or a one-line ConfigError."""
+  try:
+    import ray
+  except ImportError:
+    raise ConfigError("needs Ray: pip install \"tfdist[ray]\" (from a checkout: pip install -e "
+                      "\".[cpu,ray]\")", key="--backend", received="ray") from None
+  address = environ.get(ADDRESS_ENV) or "auto"
+  expected = ("a running Ray cluster's address, host:port of its head (ray start --head), "
+              "ray://host:port, or auto")
+  if address.startswith(("http://", "https://")):
+    raise ConfigError(f"must be {expected}; an http address is the dashboard's (Ray Jobs), "
+                      "not the cluster's", key=ADDRESS_ENV, received=address)
+  gcs = address.removeprefix("ray://")
+  if address != "auto" and not accepts(gcs, timeout=3):
+    raise ConfigError(f"must be {expected}; nothing answers there", key=ADDRESS_ENV,
+                      received=address)
+  if not ray.is_initialized():
+    try:
+      ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+               configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+      raise ConfigError(f"must be {expected} ({' '.join(str(e).split())})", key=ADDRESS_ENV,
+                        received=address) from None
+  return ray
+
+
+class RayJob:
+  """The actors of one launch's tasks, in one placement group (`Discovery.runner`).
+
+  Args:
+    ray: the connected `ray` module.
+    config: the config, its cluster given by counts.
+    timeout: seconds for the placement group to be placed.
+  """
+
+  def __init__(self, ray, config: Config, timeout: float):
+    from ray.util import placement_group
+    from tfdist.launch.backends.ray_task import TaskActor
+
+    self._ray = ray
+    self._tasks = [None] if config.cluster.is_empty else config.cluster.tasks()
+    gpus = config.devices.gpus_per_task or 0
+    self._bundle = {"CPU": 1, **({"GPU": gpus} if gpus else {})}
+    _check_resources(ray, self._bundle, len(self._tasks))
+    self._remote = ray.remote(TaskActor)
+    self._group = placement_group([dict(self._bundle)] * len(self._tasks), strategy="SPREAD")
+    self._actors: dict[str, object] = {}
+    try:
+      ray.get(self._group.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+      self.close()
+      raise ConfigError(f"the Ray cluster did not place {len(self._tasks)} task(s) of "
+                        f"{self._bundle} in {timeout:g} s (--startup-timeout); it has "
+                        f"{_resources(ray)} available", key="--backend",
+                        received="ray") from None
+    self._addresses = {}
+    for index, task in enumerate(self._tasks):
+      self._actors[_name(task)] = self._new_actor(index)
+    if config.cluster.is_empty:
+      self.config = config
+    else:
+      self.config = self._with_addresses(config, moved=self._tasks)
+
+  def _new_actor(self, index: int):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    return self._remote.options(
+        num_cpus=self._bundle["CPU"], num_gpus=self._bundle.get("GPU", 0),
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self._group, placement_group_bundle_index=index)).remote()
+
+  def _with_addresses(self, config: Config, moved) -> Config:
+    """`config` with each task's address: a new one (its actor's node, a free port there) for
+    the tasks in `moved`, the known one for the others."""
+    calls = {task.name: self._actors[task.name].node.remote() for task in moved}
+    for name, call in calls.items():
+      host, port = self._ray.get(call, timeout=_CALL_TIMEOUT)
+      self._addresses[name] = f"{host}:{port}"
+    addresses = {job: tuple(self._addresses[t.name] for t in self._tasks if t.type == job)
+                 for job in config.cluster.jobs}
+    return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster,
+                                                                   addresses=addresses))
+
+  def replan(self, config: Config) -> Config:
+    """Before a restart of the cluster: a new actor for each task whose actor died, and a
+    new address for each that moved to another node (its node was lost)."""
+    moved = []
+    for index, task in enumerate(self._tasks):
+      if self._alive(_name(task)):
+        continue
+      self._actors[_name(task)] = self._new_actor(index)
+      if task is not None:
+        moved.append(task)
+    return self._with_addresses(config, moved) if moved else config
+
+  def _alive(self, name: str) -> bool:
+    try:
+      self._ray.get(self._actors[name].node.remote(), timeout=_CALL_TIMEOUT)
+      return True
+    except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+      return False
+
+  def start(self, process) -> "RayProcess":
+    """Starts `process` (a `plan.ProcessPlan`) in its task's actor (a new actor in the same
+    bundle where the old one died)."""
+    name = process.name
+    if not self._alive(name):
+      index = [_name(t) for t in self._tasks].index(name)
+      self._actors[name] = self._new_actor(index)
+    return RayProcess(self._ray, self._actors[name], process)
+
+  def close(self) -> None:
+    """Kills every actor (their processes die with them) and removes the placement group."""
+    from ray.util import remove_placement_group
+    for actor in self._actors.values():
+      try:
+        self._ray.get(actor.kill.remote(), timeout=10)
+      except Exception:  # pylint: disable=broad-except  # Dead already, or unreachable.
+        pass
+      self._ray.kill(actor)
+    self._actors.clear()
+    remove_placement_group(self._group)
+
+
+class RayProcess:
+  """A task's process in its Ray actor, as the supervisor uses a `subprocess.Popen`: `pid` (on
+  the actor's node), `stdout`, `poll`, `wait`, `send_signal`, and `signal_group`.
+
+  A thread follows the actor: output into `stdout`, the heartbeat file into the plan's (its
+  age kept), the exit code once the process ended; a dead actor ends it with -9 and a line
+  saying why."""
+
+  def __init__(self, ray, actor, process):
+    self._ray, self._actor = ray, actor
+    self.returncode: int | None = None
+    self._ended = threading.Event()
+    self._heartbeat = dict(process.env).get(HEARTBEAT_ENV)
+    files = {}
+    config = dict(process.env).get("TFDIST_CONFIG")
+    if config:
+      with open(config) as f:
+        files[config] = f.read()
+    self.pid = ray.get(actor.start.remote(
+        process.argv, dict(process.env), files, os.getcwd(), sys.executable, HEARTBEAT_ENV),
+        timeout=_CALL_TIMEOUT)
+    read, write = os.pipe()
+    self.stdout = os.fdopen(read, "rb")
+    self._out = os.fdopen(write, "wb", buffering=0)
+    threading.Thread(target=self._follow, name=f"tfdist-ray-{process.name}",
+                     daemon=True).start()
+
+  def _follow(self) -> None:
+    exceptions = self._ray.exceptions
+    silent_since = None
+    try:
+      while True:
+        try:
+          output, beat, age, code = self._ray.get(self._actor.follow.remote(),
+                                                  timeout=_CALL_TIMEOUT)
+          silent_since = None
+        except exceptions.GetTimeoutError:  # A slow node; Ray says when the actor is gone.
+          silent_since = silent_since or time.monotonic() - _CALL_TIMEOUT
+          if time.monotonic() - silent_since < _SILENT_LIMIT:
+            continue
+          self._write(f"tfdist launch: its Ray actor has not answered for "
+                      f"{_SILENT_LIMIT:g} s (its node or the Ray cluster unreachable)\n"
+                      .encode())
+          self.returncode = KILLED
+          return
+        if output:
+          self._write(output)
+        if beat is not None and self._heartbeat:
+          _mirror(self._heartbeat, beat, age)
+        if code is not None:
+          self.returncode = code
+          return
+    except exceptions.RayActorError as e:  # Died, or its node unreachable.
+      reason = " ".join(str(e).split())[:300]
+      self._write(f"tfdist launch: its Ray actor died (killed, or its node was lost): "
+                  f"{reason}\n".encode())
+      self.returncode = KILLED
+    finally:
+      self._out.close()
+      self._ended.set()
+
+  def _write(self, data: bytes) -> None:
+    try:
+      self._out.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+      pass
+
+  def poll(self) -> int | None:
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    if not self._ended.wait(timeout):
+      raise subprocess.TimeoutExpired("ray actor", timeout)
+    return self.returncode
+
+  def send_signal(self, signum: int) -> None:
+    if self.returncode is None:
+      self._actor.signal.remote(int(signum), False)
+
+  def signal_group(self, signum: int) -> None:
+    self._actor.signal.remote(int(signum), True)
+
+
+def _mirror(path: str, text: str, age: float) -> None:
+  """Writes a task's heartbeat `text` to `path` in the launcher's log folder, dated `age`
+  seconds ago as on the task's node."""
+  try:
+    with open(f"{path}.next", "w") as out:
+      out.write(text)
+    beat = time.time() - age
+    os.utime(f"{path}.next", (beat, beat))
+    os.replace(f"{path}.next", path)
+  except OSError:
+    pass
+
+
+def _name(task) -> str:
+  return "local" if task is None else task.name
+
+
+def _resources(ray) -> dict:
+  return {key: value for key, value in ray.available_resources().items()
+          if key in ("CPU", "GPU")}
+
+
+def _check_resources(ray, bundle: dict, count: int) -> None:
+  """Raises ConfigError when the whole cluster has too few CPUs or GPUs for `count` bundles."""
+  total = ray.cluster_resources()
+  for key, each in bundle.items():
+    if total.get(key, 0) < each * count:
+      raise ConfigError(f"the Ray cluster has {total.get(key, 0):g} {key}(s), {count} task(s) "
+                        f"need {each:g} each (ray start --num-cpus/--num-gpus, or fewer tasks)",
+                        key="--backend", received="ray")
