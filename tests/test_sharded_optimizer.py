@@ -129,3 +129,45 @@ def test_an_optimizer_whose_update_is_not_elementwise_is_refused():
   assert sharded_optimizer.refusal(keras.optimizers.Adam()) is None
   assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1)) == \
       "SGD without momentum keeps no state to shard"
+
+
+def test_tensorflow_has_no_reduce_scatter_on_cpu_yet():
+  """Why the gradients are all-reduced, not reduce-scattered: TensorFlow 2.21's
+  `CollectiveReduceScatterV2` has no implementation for CPU devices (NCCL's only). When this
+  fails, a CPU reduce-scatter exists: use it in `sharded_optimizer` (stage 2)."""
+  program = """
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+from tensorflow.python.distribute import cross_device_ops
+from tensorflow.python.ops import gen_collective_ops
+devices = ["/cpu:0", "/cpu:1"]
+ops = cross_device_ops.CollectiveAllReduce(
+    devices=devices, group_size=2, options=tf.distribute.experimental.CommunicationOptions())
+strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+launchers = ops._launchers
+# An all-reduce first, as the optimizer's step makes: it resolves the group on both devices.
+print("ALL_REDUCE", strategy.run(tf.function(lambda: tf.distribute.get_replica_context()
+                                             .all_reduce("sum", tf.ones([4])))).values[0].numpy())
+
+@tf.function
+def reduce_scatter():
+  outs = []
+  for i, launcher in enumerate(launchers):
+    with tf.device(launcher._device):
+      outs.append(gen_collective_ops.collective_reduce_scatter_v2(
+          tf.constant([1., 2., 3., 4.]) * (i + 1), group_size=2, group_key=launcher._group_key,
+          instance_key=launcher._collective_keys.get_instance_key(launcher._group_key,
+                                                                  launcher._device),
+          ordering_token=[], merge_op="Add", final_op="Id", timeout_seconds=20))
+  return outs
+try:
+  print("RESULT", [t.numpy().tolist() for t in reduce_scatter()])
+except Exception as e:
+  print("ERROR", type(e).__name__)
+"""
+  result = subprocess.run([sys.executable, "-c", program], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+  assert "ALL_REDUCE [2. 2. 2. 2.]" in result.stdout, result.stdout + result.stderr[-2000:]
+  assert "RESULT" not in result.stdout and "ERROR" in result.stdout, result.stdout
+  assert "did not find collective implementation" in result.stderr, result.stderr[-2000:]

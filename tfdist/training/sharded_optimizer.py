@@ -5,7 +5,7 @@ SGD's momentum) for 1/N of the weights only, instead of a whole copy each.
 The trainable variables are laid end to end in one flat vector, cut into N equal shards (the
 last padded); replica r's slots are variables of one shard's size. Each step, after Keras's
 all-reduce of the gradients (TensorFlow's collectives offer no reduce-scatter under these
-strategies; BUILD_NOTES.md), replica r updates its shard of the weights with its shard of the
+strategies, and none at all on CPU: tests/test_sharded_optimizer.py, BUILD_NOTES.md), replica r updates its shard of the weights with its shard of the
 gradients and its slots (the optimizer's own `update_step`, elementwise, so the arithmetic is
 the unsharded one's), and the updated shards are all-gathered into every replica's weights:
 per step an all-reduce of the gradients plus an all-gather of the weights.
