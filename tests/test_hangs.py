@@ -60,10 +60,12 @@ def test_the_derived_deadline_is_ten_slowest_calls_with_a_floor():
 
 
 def _launch(tmp_path, config_text, program, *args, flags=(), env=None):
+  """The launch's output; a short grace period: a hung task never exits on SIGTERM."""
   (tmp_path / "config.yaml").write_text(config_text)
   process = subprocess.Popen(
       [sys.executable, "-m", "tfdist", "launch", str(tmp_path / "config.yaml"), "--logs",
-       str(tmp_path / "logs"), *flags, "--", sys.executable, str(PROGRAMS / program), *args],
+       str(tmp_path / "logs"), "--grace-period", "3", *flags, "--", sys.executable,
+       str(PROGRAMS / program), *args],
       env={**ENV, **(env or {})}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True, start_new_session=True)
   try:
