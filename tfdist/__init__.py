@@ -26,6 +26,7 @@ from tfdist.strategy import (central_storage, cluster_resolver, configure_device
                              parameter_server, run_cluster_server, start_cluster_server)
 from tfdist.strategy.startup import prepare_from_environment as _prepare
 from tfdist.training.fit import evaluate, fit, global_batch_size, predict
+from tfdist.training.keras_distribution import use_keras_distribution
 
 __version__ = "0.1.0"
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "cluster_resolver", "configure_devices", "default", "evaluate", "fit", "global_batch_size",
     "is_chief", "load_config", "make_strategy", "mirrored", "multi_worker_mirrored",
     "one_device", "parameter_server", "predict", "replica_count", "run_cluster_server",
-    "start_cluster_server", "task", "tf_config_for",
+    "start_cluster_server", "task", "tf_config_for", "use_keras_distribution",
 ]
 """The public API; `tfdist.launch.launch` launches a cluster from a program (`tfdist.launch` is
 the package of the launcher)."""

@@ -18,6 +18,13 @@ _CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512
                  "amx_tile", "amx_bf16", "amx_int8")
 
 
+KERAS_DISTRIBUTION = (
+    "does nothing by itself on the TensorFlow backend (Keras places every weight, full size, "
+    "on one device); call tfdist.use_keras_distribution() after "
+    "keras.distribution.set_distribution(DataParallel(...)): it trains through tf.distribute")
+"""What `tfdist env` says of `keras.distribution` (issue 36)."""
+
+
 def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
   """This machine's facts, as a JSON-ready dict (imports TensorFlow)."""
   import portpicker
@@ -44,6 +51,7 @@ def gather(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> dict:
       "cpu_features": " ".join(f for f in _CPU_FEATURES if f in flags) or "none of note",
       "gpus": gpus,
       "auto_precision": policy_for("auto").describe(),
+      "keras_distribution": KERAS_DISTRIBUTION,
       "free_ports": [portpicker.pick_unused_port() for _ in range(2)],
       "tf_config": os.environ.get("TF_CONFIG", ""),
   }

@@ -554,9 +554,10 @@ def _refuse_keras_distribution() -> None:
   chosen = keras.distribution.distribution()
   if chosen is not None:
     raise ConfigError("is a no-op on the TensorFlow backend: Keras places every weight, full "
-                      "size, on one device (keras-team/keras#18473); split the model with the "
-                      "config's parallel: section or tfdist.parallel.split, and unset it with "
-                      "keras.distribution.set_distribution(None)",
+                      "size, on one device (keras-team/keras#18473); tfdist.fit takes its "
+                      "strategy from the config: unset it with "
+                      "keras.distribution.set_distribution(None), or train with Keras's own "
+                      "model.fit after tfdist.use_keras_distribution() (DataParallel)",
                       key="keras.distribution", received=type(chosen).__name__)
 
 

@@ -1,0 +1,152 @@
+"""Keras's own distribution API (`keras.distribution`) on TensorFlow, through tfdist.
+
+On the TensorFlow backend `keras.distribution.set_distribution(DataParallel())` does nothing:
+Keras places every weight, full size, on one device and `model.fit` trains there, silently
+(measured with Keras 3.15, TensorFlow 2.21; keras-team/keras#18473). `use_keras_distribution()`
+is the switch: it turns the distribution set into the strategy that does it, and sets that
+strategy for the whole process (`tf.distribute.experimental_set_strategy`), so the models the
+script builds afterwards, and Keras's own `fit`, `evaluate` and `predict` on them, run
+data-parallel:
+
+- one process: `MirroredStrategy` over the mesh's devices;
+- a task of a multi-worker cluster (`tfdist launch`, TF_CONFIG): the task's
+  `MultiWorkerMirroredStrategy`, each process's mesh being its own devices (Keras's
+  `initialize()` variables, where set, must agree with TF_CONFIG).
+
+Keras's `fit`, `evaluate` and `predict` of such a model run inside tfdist's Keras 3 fixes
+(`keras_fixes.fixed_for`), as `tfdist.fit`'s do. `ModelParallel` is refused in one line naming
+its layout map: tfdist splits models through the config's `parallel:` section or
+`tfdist.parallel.split`.
+
+```python
+import keras, tfdist
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+strategy = tfdist.use_keras_distribution()    # the switch
+model = make_model()                           # built under the strategy
+model.compile(...); model.fit(x, y)            # data parallel, one device's results
+```
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from tfdist.config.loader import ConfigLike, as_config
+from tfdist.errors import ConfigError, UnsupportedError
+
+_KERAS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
+_installed = []  # The strategies whose models' Keras calls run inside tfdist's fixes.
+
+
+def use_keras_distribution(config: ConfigLike = None):
+  """Runs the `keras.distribution` set in this process through a tf.distribute strategy.
+
+  Call it after `keras.distribution.set_distribution(...)` and before building the model.
+
+  Args:
+    config: the config (None: the launched task's, from the environment); its cluster decides
+      between one process (MirroredStrategy over the mesh's devices) and a task of several
+      (its MultiWorkerMirroredStrategy).
+
+  Returns:
+    The strategy, now the process's default (`tf.distribute.get_strategy()`).
+
+  Raises:
+    ConfigError: no distribution is set, a mesh device this process does not have, a
+      multi-worker config whose strategy is not multi_worker_mirrored, or Keras's
+      `initialize()` variables disagreeing with TF_CONFIG.
+    UnsupportedError: a `ModelParallel` distribution (its layout map named).
+
+  Example:
+
+  ```python
+  import keras
+  import tensorflow as tf
+  import tfdist
+  keras.distribution.set_distribution(keras.distribution.DataParallel())
+  strategy = tfdist.use_keras_distribution()
+  model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+  model.layers[0].kernel.value.values      # one copy per device
+  keras.distribution.set_distribution(None)  # Ended: no distribution, no strategy.
+  tf.distribute.experimental_set_strategy(None)
+  ```
+  """
+  import keras
+  import tensorflow as tf
+  from tfdist.strategy.factory import make_strategy, mirrored
+
+  distribution = keras.distribution.distribution()
+  if distribution is None:
+    raise ConfigError("no distribution is set: call keras.distribution.set_distribution("
+                      "keras.distribution.DataParallel()) before tfdist.use_keras_distribution()",
+                      key="keras.distribution", received=None)
+  if isinstance(distribution, keras.distribution.ModelParallel):
+    layouts = {key: tuple(layout.axes) for key, layout in
+               distribution._layout_map._layout_map.items()}
+    raise UnsupportedError(
+        f"keras.distribution.ModelParallel: its layouts {layouts} are not run on TensorFlow "
+        "by tfdist; split the model with the config's parallel: section or "
+        "tfdist.parallel.split, or use DataParallel")
+  if not isinstance(distribution, keras.distribution.DataParallel):
+    raise UnsupportedError(f"keras.distribution: {type(distribution).__name__} is not run on "
+                           "TensorFlow by tfdist; use DataParallel")
+  config = as_config(config)
+  devices = [str(d) for d in distribution.device_mesh.devices.flatten()]
+  _require_local(devices)
+  if config.cluster.is_multi_worker:
+    _require_agreement(config)
+    strategy = make_strategy(config)
+  else:
+    strategy = mirrored(["/" + d for d in devices])
+  tf.distribute.experimental_set_strategy(strategy)
+  _install(strategy)
+  return strategy
+
+
+def _require_local(devices) -> None:
+  """Each process's mesh is its own devices: TensorFlow's multi-worker strategy joins them."""
+  from keras.src.backend.tensorflow.distribution_lib import list_devices
+  here = set(list_devices("cpu")) | set(list_devices("gpu"))
+  missing = [d for d in devices if d not in here]
+  if missing:
+    raise ConfigError(f"must name this process's devices ({', '.join(sorted(here))}): each "
+                      "process of a cluster runs its own devices, and tfdist joins them",
+                      key="keras.distribution.DataParallel.device_mesh", received=missing)
+
+
+def _require_agreement(config) -> None:
+  """Keras's `initialize()` variables, where set, name the cluster TF_CONFIG names."""
+  if config.strategy.name != "multi_worker_mirrored":
+    raise ConfigError("must be multi_worker_mirrored for keras.distribution.DataParallel on "
+                      "a cluster of several workers", key="strategy.name",
+                      received=config.strategy.name, source=config.source)
+  expected = {_KERAS_ENV[0]: str(config.cluster.training_tasks),
+              _KERAS_ENV[1]: str(config.task.index) if config.task else None}
+  for name, value in expected.items():
+    if os.environ.get(name) not in (None, value):
+      raise ConfigError(f"must agree with TF_CONFIG's cluster ({value})", key=name,
+                        received=os.environ[name])
+
+
+def _install(strategy) -> None:
+  """Keras's fit, evaluate and predict of the models built under `strategy` run inside
+  tfdist's Keras 3 fixes (once per process; other models are untouched)."""
+  _installed.append(strategy)
+  if len(_installed) > 1:
+    return
+  import keras
+  from tfdist.training import keras_fixes
+
+  def fixed(method):
+    @functools.wraps(method)
+    def call(model, *args, **kwargs):
+      strategy = getattr(model, "_distribute_strategy", None)
+      if not any(strategy is s for s in _installed):
+        return method(model, *args, **kwargs)
+      with keras_fixes.fixed_for(model, strategy):
+        return method(model, *args, **kwargs)
+    return call
+
+  for name in ("fit", "evaluate", "predict"):
+    setattr(keras.Model, name, fixed(getattr(keras.Model, name)))
