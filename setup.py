@@ -17,6 +17,7 @@ setuptools.setup(
     name="tfdist",
     version="0.1.0",
     description="Keras 3 distribution strategies, launcher and cluster config for TensorFlow",
+    license="Apache-2.0",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["tfdist", "tfdist.*"]),
