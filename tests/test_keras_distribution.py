@@ -1,8 +1,9 @@
 """Keras's own distribution API on TensorFlow through tfdist (issue 36): a script that sets
 `keras.distribution.DataParallel` and calls Keras's own `fit`, `evaluate` and `predict` trains
 data-parallel once `tfdist.use_keras_distribution()` is called, over 2 logical CPUs and over 2
-MultiWorkerMirrored processes, with plain Keras's one-device results; what tfdist does not run
-is refused in one line."""
+MultiWorkerMirrored processes, with plain Keras's one-device results; `ModelParallel` splits the
+Dense kernels its layout map lays out over the "model" devices and trains as the unsplit model;
+what tfdist does not run is refused in one line."""
 
 import json
 import sys
@@ -65,21 +66,80 @@ def test_data_parallel_over_two_processes_trains_as_one_device(tmp_path):
     assert_same_training(result, reference, "plain")
 
 
+def _dense_stack():
+  init = keras.initializers.GlorotUniform
+  return keras.Sequential([
+      keras.Input((8,)),
+      keras.layers.Dense(16, activation="relu", kernel_initializer=init(1), name="up"),
+      keras.layers.Dense(6, activation="relu", kernel_initializer=init(2), name="down"),
+      keras.layers.Dense(2, kernel_initializer=init(3), name="head")])
+
+
+def _model_parallel(distribution, layouts_given):
+  mesh = distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+  layouts = distribution.LayoutMap(mesh)
+  for key, axes in layouts_given.items():
+    layouts[key] = axes
+  distribution.set_distribution(distribution.ModelParallel(layout_map=layouts,
+                                                           batch_dim_name="batch"))
+
+
+def test_model_parallel_splits_the_laid_out_kernels_and_trains_as_the_unsplit_model(
+    keras_distribution, tmp_path):
+  x, y = case.data()
+  whole = _dense_stack()
+  whole.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+  targets = np.eye(2, dtype="float32")[y]
+  whole_before = whole.predict(x, verbose=0)
+  whole.fit(x, targets, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  _model_parallel(keras_distribution, {".*/up/kernel": (None, "model"),
+                                       ".*/up/bias": ("model",),
+                                       ".*/down/kernel": ("model", None)})
+  tfdist.use_keras_distribution()
+  model = _dense_stack()
+  up, down, head = model.layers
+  assert [k.value.device.split("/")[-1] for k in up.tfdist_split[2]] == ["device:CPU:0",
+                                                                          "device:CPU:1"]
+  assert [tuple(k.shape) for k in up.tfdist_split[2]] == [(8, 8), (8, 8)]  # Columns.
+  assert [tuple(k.shape) for k in down.tfdist_split[2]] == [(8, 6), (8, 6)]  # Rows.
+  assert not hasattr(head, "tfdist_split")  # Not in the map: whole.
+  np.testing.assert_allclose(model.predict(x, verbose=0), whole_before, atol=1e-6)
+  model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+  model.fit(x, targets, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  slots = [v for v in model.optimizer.variables if "momentum" in v.path or "_kernel_1" in
+           v.path]
+  assert any(v.value.device.endswith("CPU:1") for v in slots)  # Beside their kernel slice.
+  np.testing.assert_allclose(model.predict(x, verbose=0), whole.predict(x, verbose=0),
+                             atol=1e-5)
+  model.save(tmp_path / "split.keras")
+  keras_distribution.set_distribution(None)
+  plain = keras.models.load_model(tmp_path / "split.keras")  # An ordinary Dense stack.
+  assert [type(l).__name__ for l in plain.layers] == ["Dense"] * 3
+  assert [w.shape for w in plain.get_weights()] == [w.shape for w in whole.get_weights()]
+  np.testing.assert_allclose(plain.predict(x, verbose=0), whole.predict(x, verbose=0),
+                             atol=1e-5)
+
+
 def test_what_tfdist_does_not_run_is_refused_in_one_line(keras_distribution):
   with pytest.raises(tfdist.ConfigError, match=r"^keras.distribution: no distribution is set"):
     tfdist.use_keras_distribution()
-  devices = keras_distribution.list_devices()
-  mesh = keras_distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
-  layouts = keras_distribution.LayoutMap(mesh)
-  layouts["dense.*kernel"] = (None, "model")
-  keras_distribution.set_distribution(keras_distribution.ModelParallel(layout_map=layouts,
-                                                                       batch_dim_name="batch"))
-  with pytest.raises(tfdist.UnsupportedError) as refused:
+  _model_parallel(keras_distribution, {".*/up/kernel": ("model", "model")})
+  with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.use_keras_distribution()
   assert str(refused.value) == (
-      "keras.distribution.ModelParallel: its layouts {'dense.*kernel': (None, 'model')} are not "
-      "run on TensorFlow by tfdist; split the model with the config's parallel: section or "
-      "tfdist.parallel.split, or use DataParallel")
+      "LayoutMap['.*/up/kernel']: is a layout tfdist does not run on TensorFlow: Dense kernels as "
+      "(None, \"model\") (columns) or (\"model\", None) (rows), their biases as (\"model\",) or "
+      "(None,). Received: ('model', 'model')")
+  _model_parallel(keras_distribution, {"embeddings": (None, "model")})
+  with pytest.raises(tfdist.ConfigError, match=r"^LayoutMap\['embeddings'\]: is a layout"):
+    tfdist.use_keras_distribution()
+  _model_parallel(keras_distribution, {".*attention/kernel": (None, "model")})
+  tfdist.use_keras_distribution()
+  inputs = keras.Input((8,))
+  with pytest.raises(tfdist.ConfigError, match=r"^LayoutMap: lays out a weight tfdist does not "
+                     r"split on TensorFlow \(only Dense kernels are\): attention/kernel. "
+                     r"Received: \(None, 'model'\)"):
+    keras.layers.EinsumDense("ab,bc->ac", (4,), name="attention")(inputs)
   mesh = keras_distribution.DeviceMesh((2,), ["batch"], ["cpu:0", "cpu:7"])
   keras_distribution.set_distribution(keras_distribution.DataParallel(device_mesh=mesh))
   with pytest.raises(tfdist.ConfigError, match=r"device_mesh: must name this process's devices "

@@ -14,9 +14,10 @@ data-parallel:
   `initialize()` variables, where set, must agree with TF_CONFIG).
 
 Keras's `fit`, `evaluate` and `predict` of such a model run inside tfdist's Keras 3 fixes
-(`keras_fixes.fixed_for`), as `tfdist.fit`'s do. `ModelParallel` is refused in one line naming
-its layout map: tfdist splits models through the config's `parallel:` section or
-`tfdist.parallel.split`.
+(`keras_fixes.fixed_for`), as `tfdist.fit`'s do. `ModelParallel` in one process splits the
+Dense kernels its layout map lays out over the "model" axis (`tfdist.parallel.layouts`:
+column- and row-parallel, each slice computed on its device); a layout tfdist cannot honour is
+refused in one line naming the key pattern and the layout.
 
 ```python
 import keras, tfdist
@@ -54,9 +55,10 @@ def use_keras_distribution(config: ConfigLike = None):
 
   Raises:
     ConfigError: no distribution is set, a mesh device this process does not have, a
-      multi-worker config whose strategy is not multi_worker_mirrored, or Keras's
-      `initialize()` variables disagreeing with TF_CONFIG.
-    UnsupportedError: a `ModelParallel` distribution (its layout map named).
+      multi-worker config whose strategy is not multi_worker_mirrored, Keras's
+      `initialize()` variables disagreeing with TF_CONFIG, or a ModelParallel mesh or layout
+      tfdist cannot honour.
+    UnsupportedError: a `ModelParallel` distribution in a task of several workers.
 
   Example:
 
@@ -82,12 +84,15 @@ def use_keras_distribution(config: ConfigLike = None):
                       "keras.distribution.DataParallel()) before tfdist.use_keras_distribution()",
                       key="keras.distribution", received=None)
   if isinstance(distribution, keras.distribution.ModelParallel):
-    layouts = {key: tuple(layout.axes) for key, layout in
-               distribution._layout_map._layout_map.items()}
-    raise UnsupportedError(
-        f"keras.distribution.ModelParallel: its layouts {layouts} are not run on TensorFlow "
-        "by tfdist; split the model with the config's parallel: section or "
-        "tfdist.parallel.split, or use DataParallel")
+    from tfdist.parallel import layouts
+    if as_config(config).cluster.is_multi_worker:
+      raise UnsupportedError("keras.distribution.ModelParallel: runs in one process here; "
+                             "for data parallel over split models across workers use the "
+                             "config's parallel: section")
+    _require_local([str(d) for d in distribution.device_mesh.devices.flatten()])
+    layouts.activate(distribution)
+    _install(tf.distribute.get_strategy())
+    return tf.distribute.get_strategy()
   if not isinstance(distribution, keras.distribution.DataParallel):
     raise UnsupportedError(f"keras.distribution: {type(distribution).__name__} is not run on "
                            "TensorFlow by tfdist; use DataParallel")
@@ -141,6 +146,8 @@ def _install(strategy) -> None:
   def fixed(method):
     @functools.wraps(method)
     def call(model, *args, **kwargs):
+      if _split(model):
+        return method(model, *args, **kwargs)
       strategy = getattr(model, "_distribute_strategy", None)
       if not any(strategy is s for s in _installed):
         return method(model, *args, **kwargs)
@@ -150,3 +157,19 @@ def _install(strategy) -> None:
 
   for name in ("fit", "evaluate", "predict"):
     setattr(keras.Model, name, fixed(getattr(keras.Model, name)))
+
+
+def _split(model) -> bool:
+  """Whether `model` has Dense layers a ModelParallel layout split (then its optimizer's slots
+  go on their variables' devices, and XLA, which compiles for one device, is off)."""
+  from tfdist.parallel import layouts, placement
+  if not layouts.split_layers(model):
+    return False
+  model.jit_compile = False
+  optimizer = getattr(model, "optimizer", None)
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  if optimizer is not None and not optimizer.built and \
+      not getattr(optimizer, "tfdist_colocated", False):
+    placement.colocate_optimizer_state(optimizer)
+    optimizer.tfdist_colocated = True
+  return True
