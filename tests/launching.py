@@ -1,6 +1,7 @@
 """Running `tfdist launch` from tests: start it, read its output until a line, finish it; the
 launcher runs in its own process group, killed whole when a test gives up."""
 
+import contextlib
 import os
 import re
 import signal
@@ -37,8 +38,11 @@ def read_until(process, pattern, timeout, seen):
     match = re.search(pattern, line)
     if match:
       return match
-  os.killpg(process.pid, signal.SIGKILL)
-  pytest.fail(f"no {pattern!r} in {timeout} s:\n{''.join(seen)[-3000:]}")
+  ended = process.poll()
+  with contextlib.suppress(ProcessLookupError):  # It may have ended by itself: say so.
+    os.killpg(process.pid, signal.SIGKILL)
+  how = f"the launch ended with {ended} first" if ended is not None else f"in {timeout} s"
+  pytest.fail(f"no {pattern!r}: {how}:\n{''.join(seen)[-3000:]}")
 
 
 def finish(process, timeout, seen):

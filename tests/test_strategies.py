@@ -128,6 +128,11 @@ def test_same_setting_gives_the_same_strategy_so_collectives_do_not_collide():
   config = load_config(CONFIGS / "mirrored.yaml", environ={})
   first = tfdist.make_strategy(config)
   assert tfdist.make_strategy(load_config(CONFIGS / "mirrored.yaml", environ={})) is first
+  # The same devices asked for otherwise (by name, by the factory function, with or without
+  # logical_cpus, as keras.distribution's DataParallel asks): the same strategy, not a second
+  # one whose collectives would abort the first's ("Shape mismatch in the collective instance").
+  assert tfdist.mirrored() is first and tfdist.mirrored(["/cpu:0", "/cpu:1"]) is first
+  assert tfdist.make_strategy({"strategy": "mirrored", "devices": {"logical_cpus": 2}}) is first
   for size in (3, 5):  # Two all-reduces of different shapes, as two models' gradients.
     values = first.run(tf.function(lambda: tf.distribute.get_replica_context().all_reduce(
         "sum", tf.ones([size]))))

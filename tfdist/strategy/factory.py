@@ -25,6 +25,7 @@ from tfdist.strategy.resolver import cluster_resolver
 # their collective keys at the same values, and the second one's all-reduce then collides with
 # the first's ("Shape mismatch in the collective instance 100", measured with TF 2.21).
 _STRATEGIES: dict[str, Any] = {}
+_MIRRORED: dict[tuple, Any] = {}  # One MirroredStrategy per set of devices (_build_mirrored).
 
 
 def make_strategy(config: ConfigLike = None):
@@ -276,8 +277,16 @@ def _build_mirrored(options, config: Config):
       "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
       "reduction_to_one": tf.distribute.ReductionToOneDevice,
   }[options.cross_device_ops]()
-  return tf.distribute.MirroredStrategy(
-      list(options.devices) or replica_devices(config.devices), cross_device_ops=cross_device_ops)
+  devices = list(options.devices) or replica_devices(config.devices)
+  local = [tf.DeviceSpec.from_string(d) for d in devices]
+  local = [(d.device_type or "CPU").upper() + f":{d.device_index or 0}" for d in local]
+  # Two MirroredStrategies over the same devices number their collectives alike and abort each
+  # other ("Shape mismatch in the collective instance 100", measured with TensorFlow 2.21):
+  # configs that differ elsewhere (logical_cpus given or not) share one.
+  key = (tuple(local), options.cross_device_ops, config.devices.logical_gpus)
+  if key not in _MIRRORED:
+    _MIRRORED[key] = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+  return _MIRRORED[key]
 
 
 def _build_central_storage(options, config: Config):

@@ -103,7 +103,7 @@ def use_keras_distribution(config: ConfigLike = None):
     _require_agreement(config)
     strategy = make_strategy(config)
   else:
-    strategy = mirrored(["/" + d for d in devices])
+    strategy = mirrored(["/" + d for d in devices])  # tfdist.fit's own over the same devices.
   tf.distribute.experimental_set_strategy(strategy)
   _install(strategy)
   return strategy
