@@ -37,7 +37,7 @@ from tfdist.config.loader import ConfigLike, as_config
 from tfdist.errors import ConfigError, UnsupportedError
 
 _KERAS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
-_installed = []  # The strategies whose models' Keras calls run inside tfdist's fixes.
+_installed = []  # (distribution, strategy) switched: their models' Keras calls get the fixes.
 
 
 def use_keras_distribution(config: ConfigLike = None):
@@ -91,7 +91,7 @@ def use_keras_distribution(config: ConfigLike = None):
                              "config's parallel: section")
     _require_local([str(d) for d in distribution.device_mesh.devices.flatten()])
     layouts.activate(distribution)
-    _install(tf.distribute.get_strategy())
+    _install(distribution, tf.distribute.get_strategy())
     return tf.distribute.get_strategy()
   if not isinstance(distribution, keras.distribution.DataParallel):
     raise UnsupportedError(f"keras.distribution: {type(distribution).__name__} is not run on "
@@ -105,7 +105,7 @@ def use_keras_distribution(config: ConfigLike = None):
   else:
     strategy = mirrored(["/" + d for d in devices])  # tfdist.fit's own over the same devices.
   tf.distribute.experimental_set_strategy(strategy)
-  _install(strategy)
+  _install(distribution, strategy)
   return strategy
 
 
@@ -134,10 +134,11 @@ def _require_agreement(config) -> None:
                         received=os.environ[name])
 
 
-def _install(strategy) -> None:
-  """Keras's fit, evaluate and predict of the models built under `strategy` run inside
-  tfdist's Keras 3 fixes (once per process; other models are untouched)."""
-  _installed.append(strategy)
+def _install(distribution, strategy) -> None:
+  """While `distribution` is Keras's current one, Keras's fit, evaluate and predict of the
+  models built under `strategy` run inside tfdist's Keras 3 fixes (the methods are wrapped once
+  per process; other models, and every model once the distribution is unset, are untouched)."""
+  _installed.append((distribution, strategy))
   if len(_installed) > 1:
     return
   import keras
@@ -146,10 +147,12 @@ def _install(strategy) -> None:
   def fixed(method):
     @functools.wraps(method)
     def call(model, *args, **kwargs):
-      if _split(model):
+      current = keras.distribution.distribution()
+      switched = [s for d, s in _installed if d is current]
+      if not switched or _split(model):
         return method(model, *args, **kwargs)
       strategy = getattr(model, "_distribute_strategy", None)
-      if not any(strategy is s for s in _installed):
+      if not any(strategy is s for s in switched):
         return method(model, *args, **kwargs)
       with keras_fixes.fixed_for(model, strategy):
         return method(model, *args, **kwargs)
