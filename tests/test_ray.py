@@ -26,6 +26,7 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 os.environ.update(LOOPBACK)
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
+pytestmark = pytest.mark.usefixtures("two_cpus")  # In-process references: the suite's devices.
 _MARK = "TFDIST_RAY_TEST_HEAD"  # Carried by every process of the head: its workers, their tasks.
 _START_S = 90
 

@@ -100,7 +100,7 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
   from tfdist.machine import facts
 
   backend = (backends.get(options.backend) if isinstance(options.backend, str)
-              else options.backend)
+             else options.backend)
   log_dir = options.logs or os.path.join(
       "tfdist-logs", plan.new_run_name(environ, time.time(), secrets.token_hex(3)))
   held = []  # The ports of the running plan, held until it ends.

@@ -105,12 +105,11 @@ def _split_when_laid_out(build):
       return build(layer, input_shape)
     path = f"{layer.path}/kernel"
     found = distribution._layout_map[path]
-    if found is None or None not in tuple(found.axes) or tuple(found.axes) not in (COLUMNS,
-                                                                                    ROWS):
-      if found is not None:
-        raise ConfigError("is a layout tfdist does not run on TensorFlow for this Dense "
-                          "kernel", key=f"LayoutMap[{path!r}]", received=tuple(found.axes))
+    if found is None:
       return build(layer, input_shape)
+    if tuple(found.axes) not in (COLUMNS, ROWS):
+      raise ConfigError("is a layout tfdist does not run on TensorFlow for this Dense "
+                        "kernel", key=f"LayoutMap[{path!r}]", received=tuple(found.axes))
     devices = ["/" + str(d) for d in np.asarray(distribution.device_mesh.devices).flatten()]
     _build_split(layer, input_shape, tuple(found.axes), devices)
   return build_laid_out

@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Mapping
 
+from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
 from tfdist.launch.backends import Discovery
@@ -162,14 +163,16 @@ class RayJob:
   def replan(self, config: Config) -> Config:
     """Before a restart of the cluster: a new actor for each task whose actor died, and a
     new address for each that moved to another node (its node was lost)."""
-    moved = []
-    for index, task in enumerate(self._tasks):
-      if self._alive(_name(task)):
-        continue
-      self._actors[_name(task)] = self._new_actor(index)
-      if task is not None:
-        moved.append(task)
+    moved = [task for task in self._tasks if self._replace_if_dead(_name(task)) and task]
     return self._with_addresses(config, moved) if moved else config
+
+  def _replace_if_dead(self, name: str) -> bool:
+    """A new actor, in the same bundle, for task `name` if its actor died; whether it did."""
+    if self._alive(name):
+      return False
+    index = [_name(t) for t in self._tasks].index(name)
+    self._actors[name] = self._new_actor(index)
+    return True
 
   def _alive(self, name: str) -> bool:
     try:
@@ -181,11 +184,8 @@ class RayJob:
   def start(self, process) -> "RayProcess":
     """Starts `process` (a `plan.ProcessPlan`) in its task's actor (a new actor in the same
     bundle where the old one died)."""
-    name = process.name
-    if not self._alive(name):
-      index = [_name(t) for t in self._tasks].index(name)
-      self._actors[name] = self._new_actor(index)
-    return RayProcess(self._ray, self._actors[name], process)
+    self._replace_if_dead(process.name)
+    return RayProcess(self._ray, self._actors[process.name], process)
 
   def close(self) -> None:
     """Kills every actor (their processes die with them) and removes the placement group."""
@@ -214,7 +214,7 @@ class RayProcess:
     self._ended = threading.Event()
     self._heartbeat = dict(process.env).get(HEARTBEAT_ENV)
     files = {}
-    config = dict(process.env).get("TFDIST_CONFIG")
+    config = dict(process.env).get(CONFIG_ENV)
     if config:
       with open(config) as f:
         files[config] = f.read()

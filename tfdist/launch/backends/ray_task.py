@@ -113,7 +113,7 @@ class TaskActor:
 
   def signal(self, signum: int, group: bool) -> None:
     """Sends `signum` to the process (`group`: to its whole process group)."""
-    if self._process is None or self._process.poll() is not None and not group:
+    if self._process is None or (self._process.poll() is not None and not group):
       return
     try:
       if group:
