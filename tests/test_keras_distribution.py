@@ -130,6 +130,14 @@ def test_what_tfdist_does_not_run_is_refused_in_one_line(keras_distribution):
       "LayoutMap['.*/up/kernel']: is a layout tfdist does not run on TensorFlow: Dense kernels as "
       "(None, \"model\") (columns) or (\"model\", None) (rows), their biases as (\"model\",) or "
       "(None,). Received: ('model', 'model')")
+  _model_parallel(keras_distribution, {".*/up/kernel": ("model", None),
+                                       ".*/up/bias": ("model",)})
+  tfdist.use_keras_distribution()
+  with pytest.raises(tfdist.ConfigError) as refused:
+    _dense_stack()  # A row-split Dense's bias is whole: a sharded bias is not honoured.
+  assert str(refused.value).startswith("LayoutMap[sequential") and str(refused.value).endswith(
+      "/up/bias]: is not the layout of a row-split Dense's bias, which is (None,). "
+      "Received: ('model',)"), str(refused.value)
   _model_parallel(keras_distribution, {"embeddings": (None, "model")})
   with pytest.raises(tfdist.ConfigError, match=r"^LayoutMap\['embeddings'\]: is a layout"):
     tfdist.use_keras_distribution()

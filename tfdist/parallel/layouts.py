@@ -110,6 +110,12 @@ def _split_when_laid_out(build):
     if tuple(found.axes) not in (COLUMNS, ROWS):
       raise ConfigError("is a layout tfdist does not run on TensorFlow for this Dense "
                         "kernel", key=f"LayoutMap[{path!r}]", received=tuple(found.axes))
+    bias = distribution._layout_map[f"{layer.path}/bias"]
+    honoured = ("model",) if tuple(found.axes) == COLUMNS else (None,)  # The bias it gets.
+    if bias is not None and tuple(bias.axes) != honoured:
+      raise ConfigError(f"is not the layout of a {'column' if honoured[0] else 'row'}-split "
+                        f"Dense's bias, which is {honoured}", key=f"LayoutMap[{layer.path}/bias]",
+                        received=tuple(bias.axes))
     devices = ["/" + str(d) for d in np.asarray(distribution.device_mesh.devices).flatten()]
     _build_split(layer, input_shape, tuple(found.axes), devices)
   return build_laid_out
