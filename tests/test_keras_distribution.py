@@ -155,9 +155,75 @@ def test_what_tfdist_does_not_run_is_refused_in_one_line(keras_distribution):
     tfdist.use_keras_distribution()
 
 
+PATHS = {
+    "tfdist.fit": ({}, "tfdist.fit"),
+    "the parameter-server loop": ({"cluster": {"chief": 1, "worker": 1, "ps": 1},
+                                   "strategy": "parameter_server"},
+                                  "tfdist.fit under the parameter-server loop"),
+    "a split model": ({"parallel": {"stages": "balanced"}}, "tfdist.fit under a split model"),
+    "tfdist.TrainingLoop": ({}, "tfdist.TrainingLoop"),
+    "tfdist.TrainingLoop, parameter servers": (
+        {"cluster": {"chief": 1, "worker": 1, "ps": 1}, "strategy": "parameter_server"},
+        "tfdist.TrainingLoop under the parameter-server loop"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("switched", [False, True])
+def test_every_training_path_refuses_a_keras_distribution_in_one_line(keras_distribution, path,
+                                                                       switched):
+  """tfdist's paths take their strategy from the config: a keras.distribution beside it, switched
+  on or not, would be a second one (a no-op, or a clash), so each path names the key instead."""
+  keras_distribution.set_distribution(keras_distribution.DataParallel())
+  if switched:
+    tfdist.use_keras_distribution()
+  config, named = PATHS[path]
+  config = {**config, "training": {"global_batch_size": 32}}
+  with pytest.raises(tfdist.ConfigError) as refused:
+    if path.startswith("tfdist.TrainingLoop"):
+      tfdist.TrainingLoop(config)
+    else:
+      tfdist.fit(_dense_stack, *case.data(), config=config)
+  assert str(refused.value) == (
+      f"keras.distribution: is set, and {named} takes its strategy from the config's strategy: "
+      "section: unset it with keras.distribution.set_distribution(None), or train with Keras's "
+      "own model.fit after tfdist.use_keras_distribution(). Received: 'DataParallel'")
+
+
 def test_tfdist_env_says_keras_distribution_does_nothing_alone_and_names_the_switch():
   from tfdist.monitoring import environment
   line = next(l for l in environment.render(environment.gather()).splitlines()
               if l.startswith("keras_distribution: "))
   assert "does nothing by itself on the TensorFlow backend" in line
   assert "tfdist.use_keras_distribution()" in line
+
+
+def test_distribute_tensor_answers_as_on_jax(keras_distribution):
+  from tfdist.training import keras_distribution as switch
+  # Keras's TensorFlow backend has none of its own (keras-team/keras#18473): when it has, this
+  # fails, and the switch stops giving tfdist's.
+  assert switch._upstream_distribute_tensor() is None
+  keras_distribution.set_distribution(keras_distribution.DataParallel())
+  strategy = tfdist.use_keras_distribution()
+  mesh = keras_distribution.distribution().device_mesh
+  assert keras_distribution.list_devices() == ["cpu:0", "cpu:1"]
+  batch = tf.reshape(tf.range(8, dtype=tf.float32), (4, 2))
+  sharded = keras_distribution.distribute_tensor(
+      batch, keras_distribution.TensorLayout(("batch", None), mesh))
+  assert [v.device for v in sharded.values] == ["/job:localhost/replica:0/task:0/device:CPU:0",
+                                                "/job:localhost/replica:0/task:0/device:CPU:1"]
+  np.testing.assert_array_equal(np.concatenate([v.numpy() for v in sharded.values]), batch)
+  replicated = keras_distribution.distribute_tensor(
+      batch, keras_distribution.TensorLayout((None, None), mesh))
+  assert all(np.array_equal(v.numpy(), batch) for v in replicated.values)
+  seen = strategy.run(lambda x: keras_distribution.distribute_tensor(
+      x, keras_distribution.TensorLayout(("batch", None), mesh)) * 1.0, args=(sharded,))
+  np.testing.assert_array_equal(np.concatenate([v.numpy() for v in seen.values]), batch)
+  with pytest.raises(tfdist.UnsupportedError, match=r"^keras.distribution.distribute_tensor: "
+                     r"lays out axes \(None, 'batch'\)"):
+    keras_distribution.distribute_tensor(
+        batch, keras_distribution.TensorLayout((None, "batch"), mesh))
+  with pytest.raises(tfdist.ConfigError, match=r"^keras.distribution.distribute_tensor: must "
+                     r"divide among the 2 replicas.*Received: 3$"):
+    keras_distribution.distribute_tensor(
+        batch[:3], keras_distribution.TensorLayout(("batch", None), mesh))

@@ -187,16 +187,6 @@ def test_split_refusals_name_the_setting(change, key, error_type):
   assert str(error.value).startswith(key) or f" {key}:" in str(error.value), str(error.value)
 
 
-def test_keras_distribution_on_the_tensorflow_backend_is_refused():
-  import tfdist
-  keras.distribution.set_distribution(keras.distribution.DataParallel(devices=["cpu:0"]))
-  try:
-    with pytest.raises(ConfigError, match="keras.distribution: is a no-op on the TensorFlow"):
-      tfdist.fit(sequential, X, Y, config={"training": {"global_batch_size": 24}})
-  finally:
-    keras.distribution.set_distribution(None)
-
-
 def launched_split_fit(tmp_path, config_text: str):
   """Runs tests/programs/split_fit.py under `tfdist launch`: (its output, the chief's result)."""
   config = tmp_path / "config.yaml"

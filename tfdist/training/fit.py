@@ -75,8 +75,9 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   ```
   """
   config = as_config(config)
-  _refuse_keras_distribution()
-  settings.refuse_unhonoured(config, settings.paths_of(config, settings.FIT))
+  paths = settings.paths_of(config, settings.FIT)
+  settings.refuse_keras_distribution(paths)
+  settings.refuse_unhonoured(config, paths)
   with settings.holding_checkpoint_dir(config):
     return _fit(model_fn, train_data, y, config, compile, batch_size, epochs, steps_per_epoch,
                 shuffle, validation_data, callbacks, fit_kwargs)
@@ -547,18 +548,6 @@ def _hybrid(config: Config):
     return None
   from tfdist.parallel.hybrid import Hybrid
   return Hybrid.for_config(config)
-
-
-def _refuse_keras_distribution() -> None:
-  import keras
-  chosen = keras.distribution.distribution()
-  if chosen is not None:
-    raise ConfigError("is a no-op on the TensorFlow backend: Keras places every weight, full "
-                      "size, on one device (keras-team/keras#18473); tfdist.fit takes its "
-                      "strategy from the config: unset it with "
-                      "keras.distribution.set_distribution(None), or train with Keras's own "
-                      "model.fit after tfdist.use_keras_distribution() (DataParallel)",
-                      key="keras.distribution", received=type(chosen).__name__)
 
 
 def _is_parameter_server(strategy) -> bool:

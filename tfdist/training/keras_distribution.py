@@ -17,7 +17,8 @@ Keras's `fit`, `evaluate` and `predict` of such a model run inside tfdist's Kera
 (`keras_fixes.fixed_for`), as `tfdist.fit`'s do. `ModelParallel` in one process splits the
 Dense kernels its layout map lays out over the "model" axis (`tfdist.parallel.layouts`:
 column- and row-parallel, each slice computed on its device); a layout tfdist cannot honour is
-refused in one line naming the key pattern and the layout.
+refused in one line naming the key pattern and the layout. The switch also gives Keras's
+`keras.distribution.distribute_tensor`, which its TensorFlow backend lacks, tfdist's answer.
 
 ```python
 import keras, tfdist
@@ -38,6 +39,16 @@ from tfdist.errors import ConfigError, UnsupportedError
 
 _KERAS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
 _installed = []  # (distribution, strategy) switched: their models' Keras calls get the fixes.
+
+
+def _upstream_distribute_tensor():
+  """Keras's TensorFlow backend has no `distribute_tensor` (Keras 3.15: its distribution_lib is
+  a DTensor prototype, keras-team/keras#18473), so `keras.distribution.distribute_tensor` fails
+  with AttributeError there; the switch gives it tfdist's. None while that is so (a test says
+  when it no longer is)."""
+  from keras.src.backend.tensorflow import distribution_lib
+  found = getattr(distribution_lib, "distribute_tensor", None)
+  return None if found is distribute_tensor else found
 
 
 def use_keras_distribution(config: ConfigLike = None):
@@ -109,6 +120,57 @@ def use_keras_distribution(config: ConfigLike = None):
   return strategy
 
 
+def distribute_tensor(tensor, layout):
+  """`keras.distribution.distribute_tensor` on TensorFlow, once tfdist is switched on.
+
+  As on JAX: inside a step (a replica's context, or a traced function) the layout is a hint and
+  the tensor comes back as it is; eagerly, a layout that shards the batch axis (the first) gives
+  each replica its slice on its device, and one that shards nothing gives each a copy (a
+  `PerReplica` value of the switched strategy). A layout over any other axis is refused in one
+  line: tfdist lays out only Dense kernels, through the LayoutMap.
+
+  Args:
+    tensor: the tensor (a KerasTensor comes back as it is).
+    layout: a `keras.distribution.TensorLayout` of the current distribution's mesh.
+
+  Returns:
+    The tensor, or a `PerReplica` value of the process's strategy.
+
+  Raises:
+    UnsupportedError: a layout over another axis than the batch's.
+    ConfigError: a batch that the replicas do not divide.
+  """
+  import tensorflow as tf
+  axes = tuple(layout.axes)
+  if tf.inside_function() or not tf.distribute.in_cross_replica_context():
+    return tensor
+  distribution = _current_distribution()
+  batch = getattr(distribution, "batch_dim_name", None)
+  if any(axes[1:]) or (axes and axes[0] not in (None, batch)):
+    raise UnsupportedError(f"keras.distribution.distribute_tensor: lays out axes {axes}: tfdist "
+                           f"runs the batch axis ({batch!r}, first) on TensorFlow, and Dense "
+                           "kernels through the LayoutMap")
+  strategy = tf.distribute.get_strategy()
+  replicas = strategy.num_replicas_in_sync
+  sharded = bool(axes) and axes[0] is not None
+  if sharded and tensor.shape[0] % replicas:
+    raise ConfigError(f"must divide among the {replicas} replicas of the batch axis {batch!r}",
+                      key="keras.distribution.distribute_tensor", received=tensor.shape[0])
+  pieces = tf.split(tensor, replicas) if sharded else [tensor] * replicas
+  devices = strategy.extended.worker_devices  # This process's, in replica order.
+
+  def placed(context):
+    replica = context.replica_id_in_sync_group
+    with tf.device(devices[replica % len(devices)]):
+      return tf.identity(pieces[replica])
+  return strategy.experimental_distribute_values_from_function(placed)
+
+
+def _current_distribution():
+  import keras
+  return keras.distribution.distribution()
+
+
 def _require_local(devices) -> None:
   """Each process's mesh is its own devices: TensorFlow's multi-worker strategy joins them."""
   from keras.src.backend.tensorflow.distribution_lib import list_devices
@@ -142,7 +204,10 @@ def _install(distribution, strategy) -> None:
   if len(_installed) > 1:
     return
   import keras
+  from keras.src.backend.tensorflow import distribution_lib
   from tfdist.training import keras_fixes
+  if _upstream_distribute_tensor() is None:
+    distribution_lib.distribute_tensor = distribute_tensor
 
   def fixed(method):
     @functools.wraps(method)

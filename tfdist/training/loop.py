@@ -110,6 +110,7 @@ class TrainingLoop:
   def __init__(self, config: ConfigLike = None):
     self.config = as_config(config)
     self._paths = settings.paths_of(self.config, settings.LOOP)
+    settings.refuse_keras_distribution(self._paths)
     settings.refuse_unhonoured(self.config, self._paths)
     self._lease = settings.hold_checkpoint_dir(self.config)  # Released when the epochs end.
     self.strategy = make_strategy(self.config)

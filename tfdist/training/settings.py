@@ -106,6 +106,25 @@ def refuse_unhonoured(config: Config, paths: tuple[str, ...]) -> None:
                           source=config.source)
 
 
+def refuse_keras_distribution(paths: tuple[str, ...]) -> None:
+  """Raises `ConfigError` naming `keras.distribution` when one is set: tfdist's paths take
+  their strategy from the config, and a distribution beside it would be a second, silent one
+  (on TensorFlow Keras ignores it: keras-team/keras#18473; after `use_keras_distribution()`
+  it is the process's strategy, which the path's own would clash with).
+
+  Args:
+    paths: what `paths_of` returned; the first names the path in the message.
+  """
+  import keras
+  chosen = keras.distribution.distribution()
+  if chosen is not None:
+    raise ConfigError(f"is set, and {' under '.join(paths)} takes its strategy from the "
+                      "config's strategy: section: unset it with "
+                      "keras.distribution.set_distribution(None), or train with Keras's own "
+                      "model.fit after tfdist.use_keras_distribution()",
+                      key="keras.distribution", received=type(chosen).__name__)
+
+
 def hold_checkpoint_dir(config: Config):
   """This job's lease on `checkpoint.dir` (`training.lease`), taken before any path trains:
   another live job writing there is refused in one line. Returns the `Lease` to release, or
