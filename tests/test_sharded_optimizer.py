@@ -14,6 +14,7 @@ import pytest
 
 import tfdist
 from tfdist.training import sharded_optimizer
+from tests.conftest import REPO
 from tests.launching import ENV
 from tests.programs import custom_loop
 
@@ -101,6 +102,28 @@ def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_pa
   done = subprocess.run([sys.executable, "-c", program], env=ENV, capture_output=True,
                         text=True, timeout=120)
   assert done.returncode == 0 and "LOADED 10" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path):
+  """The backup holds the whole optimizer, so a run over 3 replicas resumes a preempted
+  2-replica run's backup, each replica taking its third, and ends with the uninterrupted run's
+  weights."""
+  from tests.programs import sharded_resume
+
+  def run(logical_cpus, *preempt):
+    return subprocess.run([sys.executable, "-m", "tests.programs.sharded_resume",
+                           str(logical_cpus), "2", str(tmp_path / "backup"),
+                           str(tmp_path / "resumed.npz"), *preempt],
+                          env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+  preempted = run(2, "PREEMPT")
+  assert preempted.returncode == 42, preempted.stderr[-3000:]
+  resumed = run(3)
+  assert resumed.returncode == 0 and "REPLICAS 3" in resumed.stdout, resumed.stderr[-3000:]
+  assert "EPOCHS [1]" in resumed.stdout, resumed.stdout[-2000:]  # The second epoch alone.
+  whole = sharded_resume.train(2, 2, str(tmp_path / "uninterrupted")).model
+  weights = np.load(tmp_path / "resumed.npz")
+  _assert_same([weights[f"arr_{i}"] for i in range(len(weights.files))], whole.get_weights())
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -227,11 +227,13 @@ class _Shards:
   def _whole_slots(self) -> dict:
     """{(variable index, slot name): the slot's whole value (NumPy)}, gathered from shards."""
     names = sorted(self.slots)
-    gathered = tf.function(
-        lambda: [self._gather(self.strategy, [c.read_value() for c in
-                                              self.strategy.experimental_local_results(
-                                                  self.slots[n].value)])
-                 for n in names])()
+    if getattr(self, "_gather_slots", None) is None:  # Traced once: every save calls it.
+      self._gather_slots = tf.function(
+          lambda: [self._gather(self.strategy, [c.read_value() for c in
+                                                self.strategy.experimental_local_results(
+                                                    self.slots[n].value)])
+                   for n in names])
+    gathered = self._gather_slots()
     return {(i, name): piece.numpy() for name, whole in zip(names, gathered)
             for i, piece in enumerate(self._pieces(whole))}
 
