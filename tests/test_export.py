@@ -141,7 +141,8 @@ def test_a_preempted_task_records_42_before_a_peer_that_srun_stopped(tmp_path):
   """`srun --kill-on-bad-exit` stops a task's peers once it exits 42; the batch script must
   still requeue (the exit file's first writer wins), and a failure's root cause still counts."""
   from tfdist.exit_codes import PREEMPTED
-  from tfdist.launch.supervisor import TASK_FAILED, Outcome
+  from tfdist.exit_codes import TASK_FAILED
+  from tfdist.launch.supervisor import Outcome
   env = {"SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path)}
   slurm_backend.finish(Outcome(PREEMPTED, "every task saved its backup"), env)
   slurm_backend.finish(Outcome(TASK_FAILED, "worker-1 stopped", root_cause_code=143), env)

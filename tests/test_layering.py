@@ -7,7 +7,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tfdist"
 LAYERS = (
-    {"errors", "exit_codes", "progress", "machine"},
+    {"exit_codes"},
+    {"errors", "progress", "machine"},
     {"config"},
     {"strategy", "parallel", "serving"},
     {"monitoring"},

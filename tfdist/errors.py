@@ -7,6 +7,8 @@ without a traceback.
 
 from __future__ import annotations
 
+from tfdist.exit_codes import USAGE
+
 _MISSING = object()
 _MAX_RECEIVED = 120
 
@@ -176,6 +178,6 @@ def report_in_one_line() -> None:
     if issubclass(kind, TfdistError) and os.environ.get(TRACEBACK_ENV) != "1":
       print(f"tfdist: {value} (TFDIST_TRACEBACK=1 shows the traceback)", file=sys.stderr,
             flush=True)
-      os._exit(2)  # TensorFlow's threads could keep a normal exit waiting.
+      os._exit(USAGE)  # TensorFlow's threads could keep a normal exit waiting.
     keras_hook(kind, value, traceback)
   sys.excepthook = hook

@@ -23,7 +23,7 @@ FLAGS = flags.FLAGS
 
 def run(args: list[str], task: str | None) -> int:
   from tfdist.launch.launcher import LaunchOptions, launch
-  from tfdist.launch.supervisor import OK
+  from tfdist.exit_codes import OK
 
   if not args:
     raise SystemExit(f"usage: {USAGE}")

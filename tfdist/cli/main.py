@@ -15,9 +15,9 @@ from tfdist.cli import (check, cluster_server, env, estimate, export, launch, mo
                         tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
+from tfdist.exit_codes import USAGE
 from tfdist.machine import banners
 
-EXIT_USAGE = 2
 IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "estimate", "cluster-server"}
 COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server, "export": export,
             "tensorboard": tensorboard, "env": env, "estimate": estimate,
@@ -67,7 +67,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     print(f"tfdist: {e}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    sys.exit(USAGE)
 
 
 def run(argv: list[str]) -> int:
@@ -76,7 +76,7 @@ def run(argv: list[str]) -> int:
     received = f" Received: {argv[1]!r}" if len(argv) > 1 else ""
     print(f"tfdist: the command must be one of {', '.join(COMMANDS)}.{received}\n{_usage()}",
           file=sys.stderr)
-    return EXIT_USAGE
+    return USAGE
   if not flags.FLAGS["verbosity"].present:  # TensorFlow's Python INFO lines (export: pages).
     logging.set_verbosity(logging.WARNING)
   # Commands that load TensorFlow here would print its start-up banners (twice); the launcher
@@ -88,7 +88,7 @@ def run(argv: list[str]) -> int:
       return COMMANDS[argv[1]].run(argv[2:], task=flags.FLAGS.task)
   except TfdistError as e:
     print(f"tfdist {argv[1]}: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return USAGE
 
 
 def renamed(argv: list[str]) -> list[str]:

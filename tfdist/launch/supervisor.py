@@ -23,14 +23,8 @@ from tfdist.launch import liveness
 from tfdist.launch.hangs import Hang, HangWatch, lost_peers
 from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
-from tfdist.exit_codes import PREEMPTED
+from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED
 from tfdist.machine.ports import accepts
-
-# Exit codes of `tfdist launch`.
-OK = 0
-TASK_FAILED = 1
-STARTUP_TIMEOUT = 3
-# Stopped by a signal: 128 + its number (130 for SIGINT, 143 for SIGTERM), as shells report.
 
 _TAIL_LINES = 20
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -213,7 +207,7 @@ class Supervisor:
         if all(r.process.poll() == PREEMPTED for r in self._running if not r.plan.serves):
           self.say(f"every task saved its backup: exiting with {PREEMPTED} (restart to resume)")
           return Outcome(PREEMPTED, f"preempted by {name}; backups saved")
-        return Outcome(128 + self._stop_signal, f"stopped by {name}")
+        return Outcome(SIGNALLED + self._stop_signal, f"stopped by {name}")
       now = time.monotonic()
       waiting = {n: a for n, a in waiting.items() if not accepts(a)}
       names = ", ".join(f"{n} at {a}" for n, a in waiting.items())

@@ -42,7 +42,7 @@ def finish(outcome, environ: Mapping[str, str] = os.environ) -> None:
   """Writes a failed launch's root cause's exit code, or a preempted one's, for the batch
   script: `srun --kill-on-bad-exit` stops a task's peers once it exits 42 after its save, and
   a peer stopped so (143) must not turn the job's preemption into a failure."""
-  from tfdist.launch.supervisor import PREEMPTED, TASK_FAILED
+  from tfdist.exit_codes import PREEMPTED, TASK_FAILED
   if outcome.code == TASK_FAILED:
     record_exit(outcome.root_cause_code or outcome.code, environ)
   elif outcome.code == PREEMPTED:
