@@ -77,3 +77,17 @@ def test_importing_tfdist_and_the_launchers_event_writer_leaves_tensorflow_out(t
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == "TrainingLoop"
   assert list(tmp_path.iterdir())  # The event file was written.
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+  """`tfdist check config.yaml | head -1`: the CLI's write to a closed pipe ends it quietly, with
+  128 + SIGPIPE as a shell reports, not a BrokenPipeError traceback."""
+  process = subprocess.Popen([sys.executable, "-m", "tfdist", "check",
+                              str(CONFIGS / "multi_worker_mirrored.yaml")], env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    process.stdout.close()  # Before the CLI writes: its first write finds the pipe closed.
+    _, stderr = process.communicate(timeout=60)
+  finally:
+    process.kill()
+  assert process.returncode == 141 and "Traceback" not in stderr, stderr[-2000:]

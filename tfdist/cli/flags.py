@@ -33,10 +33,16 @@ def flags_help(command: str) -> str:
   for name in COMMAND_FLAGS[command]:
     flag = flags.FLAGS[name]
     default = "none" if flag.default is None else str(flag.default).lower()
-    value = "" if flag.boolean else " " + _FLAG_METAVARS.get(
-        name, _METAVARS.get(type(flag.default), "VALUE"))
-    lines.append(f"  --{name}{value} (default: {default})\n      {flag.help}")
+    lines.append(f"  --{name}{flag_value_name(name, flag)} (default: {default})\n"
+                 f"      {flag.help}")
   return "\n".join(lines)
+
+
+def flag_value_name(name: str, flag) -> str:
+  """" N", " SECONDS", " MS", " VALUE" after a flag that takes a value, "" after a switch."""
+  if flag.boolean:
+    return ""
+  return " " + _FLAG_METAVARS.get(name, _METAVARS.get(type(flag.default), "VALUE"))
 
 
 def define_flags() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -15,7 +16,7 @@ from tfdist.cli import (check, cluster_server, env, estimate, export, launch, mo
                         tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
 from tfdist.errors import TfdistError
-from tfdist.exit_codes import USAGE
+from tfdist.exit_codes import SIGNALLED, USAGE
 from tfdist.machine import banners
 
 IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "estimate", "cluster-server"}
@@ -26,7 +27,7 @@ RENAMED = {"serve": "cluster-server", "plan": "estimate"}
 """Old spellings, kept for this release (0.1) with a notice; gone in the next."""
 
 
-_SUMMARIES = (
+SUMMARIES = (
     ("launch", "start every task of the config's cluster (or this host's task), supervised"),
     ("check", "validate a config and show what it will do"),
     ("env", "this machine's facts for a bug report; with a config, every task's"),
@@ -41,7 +42,7 @@ _SUMMARIES = (
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
         "commands:\n" +
         "".join(f"  {name:<16}" + summary.replace("\n", "\n" + " " * 18) + "\n"
-                for name, summary in _SUMMARIES) +
+                for name, summary in SUMMARIES) +
         "\n`tfdist COMMAND --help` lists a command's flags with their defaults.")
 
 
@@ -105,4 +106,8 @@ def main() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines, for this CLI.
   define_flags()
   sys.argv = renamed(sys.argv)
-  app.run(run, flags_parser=_parse_flags)
+  try:
+    app.run(run, flags_parser=_parse_flags)
+  except BrokenPipeError:  # `tfdist check config.yaml | head`: the reader has what it wanted.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own advice.
+    sys.exit(SIGNALLED + signal.SIGPIPE)

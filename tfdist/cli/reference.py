@@ -1,0 +1,74 @@
+"""The CLI and exit-code references, generated from the flag definitions, each command's
+docstring and `tfdist.exit_codes`: the docs site's `reference/cli.md` and
+`reference/exit-codes.md` are `markdown()` and `exit_codes_markdown()`, so the pages list what
+`tfdist COMMAND --help` lists, each command only its own flags.
+
+```python
+from tfdist.cli import reference
+print(reference.markdown().splitlines()[0])     # "# Command-line reference"
+```
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+from absl import flags
+
+from tfdist import exit_codes
+from tfdist.cli.flags import COMMAND_FLAGS, define_flags, flag_value_name
+from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES
+
+
+def _cell(text: str) -> str:
+  return " ".join(text.replace("|", "\\|").split())
+
+
+def markdown() -> str:
+  """The CLI reference page, in Markdown: per command its usage, what it does and its flags."""
+  if "task" not in flags.FLAGS:
+    define_flags()
+  summaries = dict(SUMMARIES)
+  out = ["# Command-line reference", "",
+         "Generated from the flag definitions (`tfdist/cli/flags.py`) and each command's own "
+         "text: what `tfdist COMMAND --help` prints. Every command exits with the codes of the "
+         "[exit-code reference](exit-codes.md); a bad flag or config is one line and exit 2.", ""]
+  for name, command in COMMANDS.items():
+    out += [f"## `tfdist {name}`", "", summaries[name].replace("\n", " ") + ".", "",
+            "```text", f"usage: {command.USAGE}", "```", "",
+            inspect.cleandoc(command.__doc__ or ""), "",
+            "| flag | default | meaning |", "|---|---|---|"]
+    for flag_name in COMMAND_FLAGS[name]:
+      flag = flags.FLAGS[flag_name]
+      default = "none" if flag.default is None else str(flag.default).lower()
+      out.append(f"| `--{flag_name}{flag_value_name(flag_name, flag)}` | `{default}` | "
+                 f"{_cell(flag.help)} |")
+    out.append("")
+  out += ["## Renamed commands", "",
+          "Old spellings that still run, after a one-line notice, until the next release:", ""]
+  out += [f"- `tfdist {old}` is `tfdist {new}`." for old, new in RENAMED.items()]
+  return "\n".join(out) + "\n"
+
+
+def codes() -> list[tuple[str, int, str]]:
+  """(name, code, meaning) of every constant of `tfdist.exit_codes`, in its order. Pure."""
+  tree = ast.parse(inspect.getsource(exit_codes))
+  found = []
+  for node, after in zip(tree.body, tree.body[1:] + [None]):
+    if isinstance(node, ast.Assign) and isinstance(after, ast.Expr):
+      name = node.targets[0].id
+      found.append((name, getattr(exit_codes, name), inspect.cleandoc(after.value.value)))
+  return found
+
+
+def exit_codes_markdown() -> str:
+  """The exit-code reference page, in Markdown."""
+  out = ["# Exit codes", "",
+         "Generated from `tfdist/exit_codes.py`: what a task's code means to its launcher and "
+         "the launcher's to a shell, Slurm or Kubernetes.", "",
+         "| code | name | meaning |", "|---|---|---|"]
+  for name, code, meaning in codes():
+    shown = f"{code} + signal" if name == "SIGNALLED" else str(code)
+    out.append(f"| `{shown}` | `{name}` | {_cell(meaning)} |")
+  return "\n".join(out) + "\n"
