@@ -199,7 +199,8 @@ def test_tfjob_gives_each_replica_type_its_command_and_the_operator_its_port(wri
   config = tfdist.load_config(write_config(PS_CLUSTER + "cluster: {chief: 1, worker: 2, ps: 1, "
                                            "evaluator: 1}\n"), environ={})
   documents = yaml.safe_load_all(kubernetes.dump(kubernetes.manifests(
-      config, ["python", "train.py"], name="job", image="reg/img:1", namespace="ml")))
+      config, ["python", "train.py"], name="job", image="reg/img:1", namespace="ml",
+      kind="tfjob")))
   config_map, tfjob = documents
   assert (config_map["kind"], tfjob["apiVersion"], tfjob["kind"]) == (
       "ConfigMap", "kubeflow.org/v1", "TFJob")
@@ -224,7 +225,7 @@ def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(write_confi
       "cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"),
       environ={})
   documents = kubernetes.manifests(config, ["python", "t.py"], name="job", image="i",
-                                   namespace="ml", port=2000)
+                                   namespace="ml", port=2000, kind="tfjob")
   path = mounted_config(documents, tmp_path)
   # The TF_CONFIG the Kubeflow training operator sets: <job>-<type>-<i>.<ns>.svc:<port>.
   cluster = {job: [f"job-{job}-{i}.ml.svc:2000" for i in range(n)]

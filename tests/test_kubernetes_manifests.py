@@ -186,7 +186,7 @@ def test_a_one_replica_tfjob_is_refused(write_config):
   config = tfdist.load_config(write_config("cluster: {worker: 1}\n"), environ={})
   with pytest.raises(ConfigError, match="the training operator gives a one-replica TFJob no "
                      "TF_CONFIG: use --kind statefulset"):
-    kubernetes.manifests(config, ["python", "t.py"], name="run", image="i")
+    kubernetes.manifests(config, ["python", "t.py"], name="run", image="i", kind="tfjob")
   kubernetes.manifests(config, ["python", "t.py"], name="run", image="i", kind="statefulset")
 
 

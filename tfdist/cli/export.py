@@ -13,7 +13,7 @@ from tfdist.errors import ConfigError
 
 USAGE = ("tfdist export slurm CONFIG [--nodes N] [--port P] [--gpus-per-task G] "
          "[--cpus-per-task C] [--notice S] -- COMMAND | "
-         "tfdist export kubernetes CONFIG --image IMAGE [--kind tfjob|jobset|statefulset] "
+         "tfdist export kubernetes CONFIG --image IMAGE [--kind jobset|tfjob|statefulset] "
          "[--name N] [--max-restarts N] "
          "[--namespace NS] [--port P] [--volume-claim PVC] -- COMMAND | "
          "tfdist export serving MODEL OUT_DIR [--max-batch-size N] [--max-wait-ms MS]")

@@ -117,10 +117,11 @@ def define_flags() -> None:
                        lower_bound=0)
   flags.DEFINE_string("image", None, "export kubernetes: the container image holding tfdist "
                       "and the training script.")
-  flags.DEFINE_enum("kind", "tfjob", ["tfjob", "jobset", "statefulset"], "export kubernetes: "
-                    "a Kubeflow TFJob (training operator v1 sets TF_CONFIG), a JobSet "
-                    "(jobset.x-k8s.io: restarts the whole set after a failure or preemption), "
-                    "or plain StatefulSets and headless Services.")
+  flags.DEFINE_enum("kind", "jobset", ["jobset", "tfjob", "statefulset"], "export kubernetes: "
+                    "a JobSet (jobset.x-k8s.io, what Kubeflow Trainer v2 runs on: restarts "
+                    "the whole set after a failure or preemption), a Kubeflow TFJob (training "
+                    "operator v1 only: Trainer v2 dropped it), or plain StatefulSets and "
+                    "headless Services.")
   flags.DEFINE_string("name", None, "export: the job's name; default the config file's name. "
                       "model-server: the model's name in its URLs (required).")
   flags.DEFINE_string("host", "127.0.0.1", "model-server: the address to listen on.")

@@ -53,7 +53,7 @@ def job_name(text: str) -> str:
 
 
 def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
-              namespace: str = "default", port: int = DEFAULT_PORT, kind: str = "tfjob",
+              namespace: str = "default", port: int = DEFAULT_PORT, kind: str = "jobset",
               volume_claim: str | None = None, max_restarts: int = 0) -> list[dict]:
   """The documents to `kubectl apply` for `config`'s cluster.
 
@@ -66,7 +66,7 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
     image: the container image holding tfdist and the training script.
     namespace: the namespace the documents go to (it is part of every address).
     port: every task's server port.
-    kind: `tfjob`, `jobset` or `statefulset`.
+    kind: `jobset` (the default), `tfjob` (Kubeflow training operator v1) or `statefulset`.
     volume_claim: a ReadWriteMany PersistentVolumeClaim mounted where the config's checkpoint
       and TensorBoard directories are; required when the config has either.
     max_restarts: `jobset`: restarts of the whole set after failures (preemptions and
