@@ -128,6 +128,17 @@ def test_steps_per_call_never_exceed_an_epoch(capsys):
   assert "4 steps per call" in capsys.readouterr().out
 
 
+def test_evaluates_progress_counts_the_steps_the_data_has(capsys):
+  """4 steps per call, 2 batches to evaluate: Keras's bar would say 4/2; tfdist's says 2/2."""
+  history = tfdist.fit(dense_model, X, Y, config=config(steps_per_execution=32),
+                       compile=compile_args(), verbose=0)
+  capsys.readouterr()
+  tfdist.evaluate(history.model, X[:32], Y[:32], config=config(), verbose=1)
+  shown = capsys.readouterr().out
+  assert "2/2" in shown and "4/2" not in shown, shown
+  assert history.model.steps_per_execution == 4  # Given back.
+
+
 def test_a_dataset_batched_by_another_size_than_the_config_is_refused():
   dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
   with pytest.raises(DataError, match=r"^train_data: a tf.data.Dataset must be batched by the "

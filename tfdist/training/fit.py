@@ -469,8 +469,25 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
                                                               batch_size=batch_size),
                                      **evaluate_kwargs)
   dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size)
-  with keras_fixes.fixed_for(model, strategy):
+  with keras_fixes.fixed_for(model, strategy), _calls_within(model, dataset):
     return model.evaluate(dataset, **evaluate_kwargs)
+
+
+@contextlib.contextmanager
+def _calls_within(model, dataset):
+  """No call of compiled steps longer than the data: Keras's progress bar counts a call's
+  `steps_per_execution` steps even where the data end first ("8/2"), as `fit` is kept from."""
+  import tensorflow as tf
+  steps = int(getattr(dataset, "cardinality", lambda: tf.constant(-1))())
+  per_call = model.steps_per_execution
+  if steps <= 0 or per_call <= steps:
+    yield
+    return
+  model.steps_per_execution, model.test_function = steps, None
+  try:
+    yield
+  finally:
+    model.steps_per_execution, model.test_function = per_call, None
 
 
 def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None = None,
