@@ -10,6 +10,8 @@ TENSORFLOW = ">=2.19.1,<2.22"
 RAY = "ray[default]>=2.60,<3"  # Tested with 2.60.0.
 # keras-hub itself is installed with --no-deps (README): it requires tensorflow-text, which
 # pulls the full `tensorflow` wheel beside tensorflow-cpu. These are its other requirements.
+# The docs site: MkDocs with the Material theme, the API reference by mkdocstrings.
+DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26,<2"]
 KERAS_HUB_DEPENDENCIES = ["regex", "rich", "kagglehub!=1.0.1", "kagglesdk==0.1.28",
                           "sentencepiece", "tokenizers"]
 
@@ -41,6 +43,7 @@ setuptools.setup(
         # `tfdist launch --backend ray`: Ray's state API (the `default` extra) is what users'
         # clusters run and what the tests check actors with.
         "ray": [RAY],
+        "docs": DOCS,
         # psutil: the suite's session-end check for processes it left alive.
         "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
                  "psutil>=5.9,<8",
@@ -51,7 +54,8 @@ setuptools.setup(
                  # The model server's tests.
                  "aiohttp>=3.9,<4", "prometheus-client>=0.20,<1",
                  # The generation tests (KerasHub's GPT-2).
-                 *KERAS_HUB_DEPENDENCIES],
+                 *KERAS_HUB_DEPENDENCIES,
+                 *DOCS],  # The strict docs build and the docs' code blocks.
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli.main:main"]},
 )

@@ -117,12 +117,13 @@ def test_an_unquoted_off_is_taken_as_meant(write_config):
   assert config.training.mixed_precision == "off"
 
 
-def readme_yaml_blocks():
-  text = (REPO / "README.md").read_text()
-  return [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
+def docs_yaml_blocks():
+  from tests import docs_blocks
+  return [b for page in docs_blocks.pages() for b in docs_blocks.blocks(page)
+          if b.language == "yaml" and b.reason is None]
 
 
-@pytest.mark.parametrize("index", range(len(readme_yaml_blocks())))
-def test_every_readme_example_loads_exactly_as_written(index, write_config):
-  config = load_config(write_config(readme_yaml_blocks()[index]), environ={})
+@pytest.mark.parametrize("block", docs_yaml_blocks(), ids=lambda b: b.where)
+def test_every_docs_config_loads_exactly_as_written(block, write_config):
+  config = load_config(write_config(block.code), environ={})
   assert load_config(config_to_dict(config), environ={}) == config

@@ -2,7 +2,7 @@
 under every strategy, written as for one device: one device's weights, losses and metrics under
 one_device, mirrored and central_storage (2 logical CPUs) and multi_worker_mirrored (2
 processes); parameter_server converges; a cluster restarted after a killed worker resumes to an
-uninterrupted run's weights; the README's loop runs as written."""
+uninterrupted run's weights; the docs' loop runs as written."""
 
 import re
 import sys
@@ -128,14 +128,9 @@ def test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights(
   assert sorted(p.name for p in (tmp_path / "checkpoints" / "loop").iterdir())[0] == "checkpoint"
 
 
-def readme_loop() -> str:
-  text = (REPO / "README.md").read_text()
-  return re.search(r"<!-- the custom loop, run by tests -->\n```python\n(.*?)```", text,
-                   re.S).group(1)
-
-
-def test_the_readme_loop_runs_as_written_under_mirrored(tmp_path):
-  (tmp_path / "train.py").write_text(readme_loop())
+def test_the_docs_loop_runs_as_written_under_mirrored(tmp_path):
+  from tests import docs_blocks
+  (tmp_path / "train.py").write_text(docs_blocks.named("the custom loop").code)
   (tmp_path / "config.yaml").write_text("strategy: mirrored\ndevices: {logical_cpus: 2}\n"
                                         "training: {global_batch_size: 64}\n")
   process = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"), "--",

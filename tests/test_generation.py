@@ -167,13 +167,11 @@ def test_estimate_refusals_name_the_flag(tmp_path, flags, line):
   assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == line, done.stderr
 
 
-def test_the_readme_answer_runs_as_written(capsys):
-  """The README's ten lines, with the preset swapped for a small GPT-2 with a tokenizer (no
+def test_the_docs_answer_runs_as_written(capsys):
+  """The docs' ten lines, with the preset swapped for a small GPT-2 with a tokenizer (no
   download here) and the GPUs for the two logical CPUs."""
-  import pathlib
-  import re
-  readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  code = re.search(r"<!-- generation, run by tests -->\n```python\n(.*?)```", readme, re.S)[1]
+  from tests import docs_blocks
+  code = docs_blocks.named("generation").code
   preset = 'keras_hub.models.GPT2CausalLM.from_preset("gpt2_large_en")'
   gpus = '["/GPU:0", "/GPU:1"]'
   assert preset in code and gpus in code and len(code.splitlines()) <= 10

@@ -218,8 +218,9 @@ def test_sigint_stops_every_task(write_config, tmp_path):
 
 
 def test_readme_main_job_trains_the_example_on_a_local_two_worker_cluster(tmp_path):
-  readme = (REPO / "README.md").read_text()
-  command = re.search(r'pip install -e "\.\[cpu,examples\]" && (tfdist launch .*)', readme).group(1)
+  from tests import docs_blocks
+  command = re.search(r'pip install -e "\.\[cpu,examples\]" && (tfdist launch .*)',
+                      docs_blocks.named("the main job").code).group(1)
   argv = command.split()
   assert argv[:3] == ["tfdist", "launch", "configs/multi_worker_mirrored.yaml"]
   result = launch(*argv[2:3], "--logs", str(tmp_path), *argv[3:])
