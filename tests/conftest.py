@@ -29,6 +29,7 @@ def pytest_configure(config):
 _MARK, _SESSION = "TFDIST_TEST_SESSION", str(os.getpid())
 os.environ[_MARK] = _SESSION
 _EXIT_GRACE_S = 5  # For a task that dies with its launcher (a parent-death signal) to go.
+_BACKGROUND = []  # Test modules whose long script the session started early.
 
 
 @pytest.hookimpl(wrapper=True)
@@ -47,8 +48,20 @@ def pytest_runtest_call(item):
   return result
 
 
+def pytest_collection_finish(session):
+  """Starts the real-Slurm script at once when its test is selected: its jobs wait on Slurm
+  most of their two minutes, so they run beside the other tests (tests/test_real_slurm.py)."""
+  for item in session.items:
+    if item.nodeid.endswith("test_real_slurm.py::test_exported_jobs_run_on_a_real_slurm") and \
+        item.module.runs_here():
+      _BACKGROUND.append(item.module)  # The module pytest imported: its state is the test's.
+      item.module.start()
+
+
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run when a process the suite started (a fixture's, say) is still alive."""
+  for module in _BACKGROUND:
+    module.stop()
   left = _started_by_suite()
   if not left:
     return
