@@ -50,8 +50,9 @@ def test_every_config_key_is_in_the_config_reference(site):
     for name in fields:
       if name not in ("options", "addresses"):
         assert f"{section}.{name}" in keys, (section, name)
-  for name, options in schema.STRATEGY_OPTIONS.items():
-    for field in __import__("dataclasses").fields(options):
+  from tfdist.config import strategies
+  for name in strategies.names():
+    for field in __import__("dataclasses").fields(strategies.kind(name).options):
       assert f"strategy.{field.name}" in text and name in text, (name, field.name)
 
 

@@ -51,3 +51,58 @@ def test_rooms_import_only_rooms_below_them():
   upward = sorted(f"{module} imports {name}" for module, name in _imports()
                   if _room(module) != _room(name) and RANK[_room(name)] >= RANK[_room(module)])
   assert not upward, "\n".join(upward)
+
+
+# Where a strategy's name may be written as a string: its declaration and its builder; the
+# schema's default `strategy.name`; `__all__` names the factory functions (`tfdist.mirrored`),
+# and Kubernetes calls its namespace "default".
+_NAMES_ALLOWED = {"config/strategies.py", "strategy/factory.py"}
+_OTHER_MEANINGS = {("config/schema.py", "name"), ("__init__.py", "__all__"),
+                   ("job_files/kubernetes.py", "namespace"), ("cli/flags.py", "namespace")}
+
+
+def _docstrings(tree) -> set[int]:
+  found = set()
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+        isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+      found.add(id(body[0].value))
+  return found
+
+
+def _context(tree, target) -> str:
+  """The name the constant is given to: an assignment's target, a keyword or parameter."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Assign) and any(n is target for n in ast.walk(node.value)):
+      return getattr(node.targets[0], "id", "")
+    if isinstance(node, ast.Call) and any(
+        isinstance(a, ast.Constant) and a is target for a in node.args):
+      first = node.args[0]
+      return first.value if isinstance(first, ast.Constant) else ""
+    if isinstance(node, ast.AnnAssign) and node.value is target:
+      return getattr(node.target, "id", "")
+    if isinstance(node, ast.arguments):
+      positional = node.args[len(node.args) - len(node.defaults):]
+      for arg, default in [*zip(positional, node.defaults), *zip(node.kwonlyargs,
+                                                                  node.kw_defaults)]:
+        if default is target:
+          return arg.arg
+  return ""
+
+
+def test_no_strategy_name_is_spelled_outside_its_declaration_and_builder():
+  from tfdist.config import strategies
+  names = set(strategies.names())
+  spelled = []
+  for path in ROOT.rglob("*.py"):
+    relative = str(path.relative_to(ROOT))
+    if relative in _NAMES_ALLOWED:
+      continue
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and node.value in names and id(node) not in docs and \
+          (relative, _context(tree, node)) not in _OTHER_MEANINGS:
+        spelled.append(f"{relative}:{node.lineno}: {node.value!r}")
+  assert not spelled, "\n".join(spelled)

@@ -137,3 +137,52 @@ def test_same_setting_gives_the_same_strategy_so_collectives_do_not_collide():
     values = first.run(tf.function(lambda: tf.distribute.get_replica_context().all_reduce(
         "sum", tf.ones([size]))))
     assert first.experimental_local_results(values)[0].numpy().tolist() == [2.0] * size
+
+
+def test_a_strategy_is_added_by_its_declaration_and_its_builder_alone(monkeypatch, capsys):
+  """A fake strategy, `pinned` (everything on the second logical CPU), declared in
+  `strategies.KINDS` and built by one function in `factory.BUILDERS`: the loader, the rules, the
+  batch arithmetic, the settings, the references, `tfdist check` and `tfdist.fit` take it."""
+  import dataclasses
+
+  import keras
+  import numpy as np
+  from tfdist.cli import check
+  from tfdist.config import reference, schema, strategies
+  from tfdist.strategy import factory
+
+  @dataclasses.dataclass(frozen=True)
+  class PinnedOptions:
+    """`pinned` options.
+
+    Attributes:
+      device: where everything goes.
+    """
+    device: str = "/cpu:1"
+
+  monkeypatch.setitem(strategies.KINDS, "pinned", strategies.StrategyKind(
+      "pinned", PinnedOptions, supports=frozenset({"accumulation", "agreed_preemption"})))
+  monkeypatch.setitem(factory.BUILDERS, "pinned",
+                      lambda options, config: tf.distribute.OneDeviceStrategy(options.device))
+
+  config = load_config({"strategy": "PinnedStrategy", "training": {
+      "global_batch_size": 16, "mixed_precision": "off", "gradient_accumulation_steps": 2}})
+  assert (config.strategy.name, config.strategy.options.device) == ("pinned", "/cpu:1")
+  assert tfdist.replica_count(config) == 1
+  assert "strategy.device" in dict(reference.rows()) and "pinned" in reference.markdown()
+  assert "replicas in sync: 1" in check.render(config, 0)
+  with pytest.raises(ConfigError, match=r"training.shard_optimizer: needs strategy mirrored or "
+                                        r"multi_worker_mirrored.*pinned does not"):
+    load_config({"strategy": "pinned", "training": {"shard_optimizer": True}})
+  with pytest.raises(ConfigError, match=r"pinned runs on one machine"):
+    load_config({"strategy": "pinned", "cluster": {"worker": 2}})
+  with pytest.raises(ConfigError, match=r"parallel.stages: needs strategy default"):
+    load_config({"strategy": "pinned", "parallel": {"stages": "balanced"}})
+
+  x = np.random.default_rng(0).random((64, 4), dtype=np.float32)
+  history = tfdist.fit(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                       x, x.sum(axis=1), config=config, epochs=1, verbose=0,
+                       compile=dict(optimizer="sgd", loss="mse"))
+  assert history.model.layers[0].kernel.value.device.endswith("CPU:1")
+  assert capsys.readouterr().out.startswith("tfdist: pinned, 1 replica, global batch 16")
+  assert schema.StrategyConfig().name in strategies.names()

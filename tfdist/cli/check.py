@@ -93,7 +93,7 @@ def _policy(config: Config):
   from tfdist.config import rules
   from tfdist.machine.precision import policy_for
   return policy_for(config.training.mixed_precision,
-                    loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
+                    loss_scaling=rules.loss_scaling(config.strategy.name))
 
 
 def _or_unset(value):
@@ -101,9 +101,10 @@ def _or_unset(value):
 
 
 def _gpus_if_needed(config: Config) -> int:
-  options = config.strategy.options
-  if config.strategy.name in ("default", "one_device") or getattr(options, "devices", ()) or \
-      getattr(options, "compute_devices", ()):
+  from tfdist.config import strategies
+  kind = strategies.kind(config.strategy.name)
+  if kind.replicas == "one" or (kind.devices_option and
+                                getattr(config.strategy.options, kind.devices_option)):
     return 0
   from tfdist.strategy.devices import local_gpu_count
   return local_gpu_count()

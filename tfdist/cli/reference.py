@@ -16,7 +16,7 @@ import inspect
 
 from absl import flags
 
-from tfdist import exit_codes
+import tfdist.exit_codes as exit_codes
 from tfdist.cli.flags import COMMAND_FLAGS, define_flags, flag_value_name
 from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES
 

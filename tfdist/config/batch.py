@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfdist.config import strategies
 from tfdist.config.schema import Config, TrainingConfig
 from tfdist.errors import ConfigError
 
@@ -56,15 +57,13 @@ def replica_count(config: Config, local_gpus: int = 0) -> int:
   tfdist.replica_count(config, local_gpus=2)   # 8
   ```
   """
-  options, name = config.strategy.options, config.strategy.name
-  local = local_gpus or max(config.devices.logical_cpus, 1)
-  if name == "mirrored":
-    return len(options.devices) or local
-  if name == "central_storage":
-    return len(options.compute_devices) or local
-  if name == "multi_worker_mirrored":
+  kind = strategies.kind(config.strategy.name)
+  if kind.replicas == "local":
+    listed = getattr(config.strategy.options, kind.devices_option)
+    return len(listed) or local_gpus or max(config.devices.logical_cpus, 1)
+  if kind.replicas == "workers":
     return max(config.cluster.training_tasks, 1) * max(local_gpus, 1)
-  if name == "parameter_server":
+  if kind.replicas == "worker":
     return max(local_gpus, 1)
   return 1
 

@@ -21,11 +21,10 @@ from typing import Any, Literal, Mapping, Union
 
 import yaml
 
-from tfdist.config import rules
-from tfdist.config.schema import (JOBS, STRATEGIES, STRATEGY_OPTIONS, CheckpointConfig,
-                                  ClusterConfig, Config, DevicesConfig, StrategyConfig,
-                                  TaskConfig, TensorBoardConfig, TrainingConfig,
-                                  ParallelConfig)
+from tfdist.config import rules, strategies
+from tfdist.config.schema import (JOBS, CheckpointConfig, ClusterConfig, Config, DevicesConfig,
+                                  ParallelConfig, StrategyConfig, TaskConfig, TensorBoardConfig,
+                                  TrainingConfig)
 from tfdist.config.tf_config import parse_tf_config, split_address
 from tfdist.errors import ConfigError
 
@@ -129,19 +128,19 @@ def parse_task_flag(text: str, source: str = "--task") -> TaskConfig:
 
 
 def normalize_strategy_name(name: Any) -> str:
-  """Maps `MirroredStrategy`, `multi-worker-mirrored`, ... to a name of `STRATEGIES`."""
+  """Maps `MirroredStrategy`, `multi-worker-mirrored`, ... to a declared strategy's name."""
   if isinstance(name, bool):
-    raise ConfigError(f"must be one of {', '.join(STRATEGIES)}; {_BOOLEAN_HINT}",
+    raise ConfigError(f"must be one of {', '.join(strategies.names())}; {_BOOLEAN_HINT}",
                       key="strategy.name", received=name)
   if not isinstance(name, str):
-    raise ConfigError(f"must be one of {', '.join(STRATEGIES)}", key="strategy.name",
+    raise ConfigError(f"must be one of {', '.join(strategies.names())}", key="strategy.name",
                       received=name)
   squashed = name.lower().replace("_", "").replace("-", "").replace(" ", "")
   squashed = squashed.removesuffix("strategy")
-  for canonical in STRATEGIES:
+  for canonical in strategies.names():
     if canonical.replace("_", "") == squashed:
       return canonical
-  raise ConfigError(f"must be one of {', '.join(STRATEGIES)}", key="strategy.name",
+  raise ConfigError(f"must be one of {', '.join(strategies.names())}", key="strategy.name",
                     received=name)
 
 
@@ -354,7 +353,7 @@ def _parse_strategy(data: Any) -> StrategyConfig:
     raise ConfigError("must be a strategy name or a mapping with a name and its options",
                       key="strategy", received=data)
   if "name" not in data:
-    raise ConfigError(f"needs a name: one of {', '.join(STRATEGIES)}", key="strategy.name")
+    raise ConfigError(f"needs a name: one of {', '.join(strategies.names())}", key="strategy.name")
   name = normalize_strategy_name(data["name"])
   options = {k: v for k, v in data.items() if k != "name"}
   return StrategyConfig(name, make_options(name, options))
@@ -362,7 +361,7 @@ def _parse_strategy(data: Any) -> StrategyConfig:
 
 def make_options(name: str, options: Mapping) -> Any:
   """Builds the options dataclass of strategy `name`, strictly (shared by YAML and functions)."""
-  cls = STRATEGY_OPTIONS[name]
+  cls = strategies.kind(name).options
   for key, value in options.items():
     if key not in {f.name for f in dataclasses.fields(cls)}:
       known = ", ".join(f.name for f in dataclasses.fields(cls)) or "none"

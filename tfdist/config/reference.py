@@ -16,7 +16,7 @@ import inspect
 import re
 from typing import Iterator
 
-from tfdist.config import schema
+from tfdist.config import schema, strategies
 
 _SECTIONS = {"cluster": schema.ClusterConfig, "task": schema.TaskConfig,
              "strategy": schema.StrategyConfig, "devices": schema.DevicesConfig,
@@ -85,11 +85,11 @@ def rows() -> Iterator[tuple[str, Row]]:
   yield from _rows_of(schema.ClusterConfig, "cluster.", skip=("addresses",))
   yield from _rows_of(schema.TaskConfig, "task.")
   yield "strategy.name", Row("str", "default (the cluster decides when the section is absent)",
-                             "one of " + ", ".join(schema.STRATEGIES),
+                             "one of " + ", ".join(strategies.names()),
                              "the tf.distribute strategy to make; its options sit beside it, "
                              "each listed below with the strategy that takes it")
-  for name, options in schema.STRATEGY_OPTIONS.items():
-    for key, row in _rows_of(options, "strategy."):
+  for name in strategies.names():
+    for key, row in _rows_of(strategies.kind(name).options, "strategy."):
       yield key, dataclasses.replace(row, meaning=f"`{name}`: {row.meaning}")
   for section, cls in list(_SECTIONS.items())[3:]:
     yield from _rows_of(cls, f"{section}.")

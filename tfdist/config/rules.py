@@ -10,32 +10,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from tfdist.config.schema import Config, StrategyConfig, STRATEGY_OPTIONS
+from tfdist.config import strategies
+from tfdist.config.schema import Config, StrategyConfig
 from tfdist.config.tf_config import split_address
 from tfdist.errors import ConfigError
 
-_SINGLE_MACHINE = ("default", "one_device", "mirrored", "central_storage")
-# Under these strategies XLA fails in TensorFlow 2.21 (device placement of mirrored variables;
-# "Collectives are not yet implemented for CPU devices when compiling with XLA"; under
-# parameter_server "Trying to access resource ... located in device /job:ps").
-_NO_JIT = ("mirrored", "multi_worker_mirrored", "central_storage", "parameter_server")
-# As tf.keras 2's did, Keras 3's LossScaleOptimizer fails under CentralStorage: it assigns its
-# loss-scale counters per replica, which an AggregatingVariable refuses. float16 needs it.
-NO_LOSS_SCALING = ("central_storage",)
+# Where XLA fails in TensorFlow 2.21 (device placement of mirrored variables; "Collectives are
+# not yet implemented for CPU devices when compiling with XLA"; under parameter servers "Trying
+# to access resource ... located in device /job:ps"), and where Keras 3's LossScaleOptimizer
+# fails (it assigns its loss-scale counters per replica, which CentralStorage's
+# AggregatingVariable refuses), `strategies` declares it: "jit" and "loss_scaling".
 
 
 def infer_strategy(config: Config) -> Config:
   """Fills in a strategy the config left out, from its cluster."""
   if config.strategy is not None:
     return config
-  cluster = config.cluster
-  if cluster.ps:
-    name = "parameter_server"
-  elif cluster.training_tasks > 1:
-    name = "multi_worker_mirrored"
-  else:
-    name = "default"
-  return dataclasses.replace(config, strategy=StrategyConfig(name, STRATEGY_OPTIONS[name]()))
+  name = strategies.inferred(config.cluster)
+  return dataclasses.replace(config, strategy=StrategyConfig(name, strategies.kind(name).options()))
 
 
 def check(config: Config) -> None:
@@ -94,21 +86,23 @@ def _check_strategy(config: Config) -> None:
     raise ConfigError("must be none with average_every: periodic averaging all-reduces no "
                       "gradients", key="strategy.gradient_compression",
                       received=options.gradient_compression)
-  if name in _SINGLE_MACHINE and (cluster.training_tasks > 1 or cluster.ps):
+  kind = strategies.kind(name)
+  if not kind.across_workers and (cluster.training_tasks > 1 or cluster.ps):
     raise ConfigError(f"{name} runs on one machine; a cluster of {cluster.training_tasks} "
-                      "training tasks needs multi_worker_mirrored (or parameter_server with ps "
-                      "tasks)", key="strategy.name", received=name)
-  if name == "multi_worker_mirrored" and cluster.ps:
-    raise ConfigError("multi_worker_mirrored takes no ps tasks (TensorFlow waits forever for "
-                      "them); remove cluster.ps or use parameter_server", key="cluster.ps",
+                      f"training tasks needs {strategies.across_workers(False)} (or "
+                      f"{strategies.across_workers(True)} with ps tasks)", key="strategy.name",
+                      received=name)
+  if kind.all_reduces_across_workers and cluster.ps:
+    raise ConfigError(f"{name} takes no ps tasks (TensorFlow waits forever for them); remove "
+                      f"cluster.ps or use {strategies.across_workers(True)}", key="cluster.ps",
                       received=cluster.ps)
-  if name == "parameter_server":
+  if kind.asynchronous:
     if config.cluster.is_empty:
       return  # Cluster from TF_CONFIG or `tfdist launch` later; checked then.
     for job, rule in (("ps", "at least one ps task"), ("worker", "at least one worker task"),
                       ("chief", "one chief task, the coordinator that runs the training script")):
       if not cluster.count(job):
-        raise ConfigError(f"parameter_server needs {rule}", key=f"cluster.{job}",
+        raise ConfigError(f"{name} needs {rule}", key=f"cluster.{job}",
                           received=cluster.count(job))
     if config.strategy.options.max_shards > 1:
       raise ConfigError("must be 1: Keras 3 optimizers cannot update sharded variables "
@@ -122,10 +116,10 @@ def _check_training(config: Config) -> None:
   if signal_name != "SIGTERM" and not config.checkpoint.dir:
     raise ConfigError("needs checkpoint.dir: a preemption notice saves each task's backup "
                       "there", key="checkpoint.preemption_signal", received=signal_name)
-  if training.jit_compile and name in _NO_JIT:
+  if training.jit_compile and "jit" not in strategies.kind(name).supports:
     raise ConfigError(f"must be false under {name}: XLA fails there in TensorFlow 2.21",
                       key="training.jit_compile", received=True)
-  if training.mixed_precision == "float16" and name in NO_LOSS_SCALING:
+  if training.mixed_precision == "float16" and not loss_scaling(name):
     raise ConfigError(f"must not be float16 under {name}: Keras's loss scaling fails "
                       "there; use bfloat16 or off", key="training.mixed_precision",
                       received="float16")
@@ -137,12 +131,17 @@ def _check_training(config: Config) -> None:
                       received=training.per_replica_batch_size)
 
 
+def loss_scaling(name: str) -> bool:
+  """Whether float16's loss scaling works under strategy `name`."""
+  return "loss_scaling" in strategies.kind(name).supports
+
+
 def _check_sharding(config: Config) -> None:
   name, options = config.strategy.name, config.strategy.options
-  if name not in ("mirrored", "multi_worker_mirrored"):
-    raise ConfigError(f"needs strategy mirrored or multi_worker_mirrored, whose replicas each "
-                      f"keep the optimizer's state; {name} does not", key="training.shard_optimizer",
-                      received=True)
+  if "sharding" not in strategies.kind(name).supports:
+    raise ConfigError(f"needs strategy {' or '.join(strategies.supporting('sharding'))}, "
+                      f"whose replicas each keep the optimizer's state; {name} does not",
+                      key="training.shard_optimizer", received=True)
   for key in ("gradient_compression", "average_every"):
     if getattr(options, key, None) not in (None, "none", 0):
       raise ConfigError(f"cannot be combined with strategy.{key}: the shards are updated from "
@@ -167,11 +166,12 @@ def _check_parallel(config: Config) -> None:
   # Which training settings a split honours is training.settings' (one home for them).
   if not config.parallel.enabled:
     return
-  if config.strategy.name not in ("default", "multi_worker_mirrored"):
-    raise ConfigError("needs strategy default (one process) or multi_worker_mirrored (data "
-                      "parallel across workers, each splitting its model): a strategy over "
-                      "several local devices mirrors every variable onto each, undoing the "
-                      "split", key="parallel.stages", received=f"strategy {config.strategy.name}")
+  if "split" not in strategies.kind(config.strategy.name).supports:
+    one, across = strategies.supporting("split")
+    raise ConfigError(f"needs strategy {one} (one process) or {across} (data parallel across "
+                      "workers, each splitting its model): a strategy over several local "
+                      "devices mirrors every variable onto each, undoing the split",
+                      key="parallel.stages", received=f"strategy {config.strategy.name}")
   if config.training.jit_compile:
     raise ConfigError("must be false with parallel.stages: XLA compiles for one device and "
                       "cannot reach variables on another", key="training.jit_compile",

@@ -2,7 +2,8 @@
 
 Every field's type and rule is declared here and nowhere else; `loader` reads these declarations
 to load a YAML file strictly, and `rules` checks what spans several sections (a task against its
-cluster, a strategy against its cluster).
+cluster, a strategy against its cluster). Which strategies there are, and what each supports,
+is `strategies`' (it names each one's options class from here).
 """
 
 from __future__ import annotations
@@ -12,11 +13,6 @@ from typing import Any, Callable, Literal, Mapping
 
 JOBS = ("chief", "worker", "ps", "evaluator")
 """The job names TensorFlow's multi-worker strategies know, in launch order."""
-
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "central_storage",
-              "parameter_server")
-"""Canonical strategy names, as `strategy.name` and `tfdist.make_strategy` take them."""
-
 
 def rule(check: Callable[[Any], bool], text: str) -> dict:
   """Field metadata: `check(value)` must hold, else the loader reports `text`."""
@@ -187,16 +183,6 @@ class ParameterServerOptions:
   min_shard_bytes: int = _field(256 << 10, _POSITIVE)
 
 
-STRATEGY_OPTIONS: Mapping[str, type] = {
-    "default": DefaultOptions,
-    "one_device": OneDeviceOptions,
-    "mirrored": MirroredOptions,
-    "multi_worker_mirrored": MultiWorkerMirroredOptions,
-    "central_storage": CentralStorageOptions,
-    "parameter_server": ParameterServerOptions,
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig:
   """Which `tf.distribute` strategy to make, and its options.
@@ -207,8 +193,8 @@ class StrategyConfig:
   several workers, else default.
 
   Attributes:
-    name: one of `STRATEGIES`.
-    options: the options dataclass of that strategy (`STRATEGY_OPTIONS[name]`).
+    name: a strategy's name (`tfdist.config.strategies`, where each is declared).
+    options: the options dataclass of that strategy (`strategies.kind(name).options`).
   """
   name: str = "default"
   options: Any = DefaultOptions()

@@ -110,7 +110,8 @@ def host_shares(config: Config, gpus: Sequence[str], *, task: TaskConfig | None 
 def uses_gpus(job: str, strategy: str) -> bool:
   """Whether a task of `job` computes: every task but a parameter server's ps (which only holds
   variables; given a GPU, it would take the memory the workers need)."""
-  return not (strategy == "parameter_server" and job == "ps")
+  from tfdist.config import strategies
+  return not (strategies.kind(strategy).asynchronous and job == "ps")
 
 
 def slurm_local_task(environ) -> tuple[int, int] | None:

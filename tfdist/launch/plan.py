@@ -14,6 +14,7 @@ import time
 import sys
 from typing import Sequence
 
+from tfdist.config import strategies
 from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV, RUN_ENV
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config, TaskConfig
@@ -139,7 +140,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     processes.append(ProcessPlan(t, argv, env, os.path.join(log_dir, f"{t.name}.log"),
                                  serves, address, is_chief(dataclasses.replace(config, task=t))))
   processes.sort(key=lambda p: not p.serves)  # Servers first: the chief connects to them.
-  asynchronous = config.strategy.name == "parameter_server"
+  asynchronous = strategies.kind(config.strategy.name).asynchronous
   peers = tuple((t.name, cluster.addresses[t.type][t.index])
                 for t in cluster.tasks() if t.type != "evaluator")
   return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers,
@@ -152,7 +153,8 @@ def host_advice(config: Config, trainers: Sequence[ProcessPlan], gpus: Sequence[
   """
   hosts = collections.Counter(split_address(p.address)[0] for p in trainers if p.address)
   sharing = max(hosts.values(), default=0)  # The most workers on one host (Ray: any node).
-  if config.strategy.name != "multi_worker_mirrored" or gpus or sharing < 2:
+  if not strategies.kind(config.strategy.name).all_reduces_across_workers or gpus or \
+      sharing < 2:
     return ()
   return (f"advice: {sharing} workers share one host's CPU cores; on CPUs one worker "
           "per host using all of them trains faster (workers on one host all-reduce through "
@@ -205,7 +207,7 @@ def require_command(command: Sequence[str], cli: str) -> None:
 def runs_server(config: Config, job: str) -> bool:
   """True for the tasks that run `tfdist cluster-server` instead of the user's command: the workers and
   ps of a parameter-server cluster."""
-  return config.strategy.name == "parameter_server" and job in ("worker", "ps")
+  return strategies.kind(config.strategy.name).asynchronous and job in ("worker", "ps")
 
 
 def public_addresses(config: Config) -> list[str]:

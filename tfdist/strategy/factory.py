@@ -1,6 +1,6 @@
 """Strategy factories: a config (or a name and options) in, a `tf.distribute.Strategy` out.
 
-One builder per strategy name, registered in `_BUILDERS`; `make_strategy` picks by
+One builder per strategy name, registered in `BUILDERS`; `make_strategy` picks by
 `config.strategy.name`, and each public function (`mirrored`, `multi_worker_mirrored`, ...) takes
 the same options as the YAML and validates them by the same rules.
 """
@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import tfdist.progress as progress
-from tfdist.config import loader, rules
+from tfdist.config import loader, rules, strategies
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.errors import ConfigError, DeviceSetupError
@@ -75,11 +75,11 @@ def _make(config: Config):
   if task is not None and task.type == "evaluator":
     import tensorflow as tf
     return tf.distribute.get_strategy()
-  if name == "parameter_server" and task is not None and task.type != "chief":
-    raise ConfigError(f"{task} of a parameter_server cluster runs a server, not a strategy: "
+  if strategies.kind(name).asynchronous and task is not None and task.type != "chief":
+    raise ConfigError(f"{task} of a {name} cluster runs a server, not a strategy: "
                       "call tfdist.run_cluster_server(config) there (tfdist launch does)", key="task",
                       received=str(task), source=config.source)
-  return _BUILDERS[name](config.strategy.options, config)
+  return BUILDERS[name](config.strategy.options, config)
 
 
 def _with_strategy(name: str, options: Mapping[str, Any], config: ConfigLike) -> Config:
@@ -360,7 +360,7 @@ def _build_parameter_server(options, config: Config):
       cluster_resolver(config), variable_partitioner=partitioner)
 
 
-_BUILDERS: Mapping[str, Callable[[Any, Config], Any]] = {
+BUILDERS: dict[str, Callable[[Any, Config], Any]] = {
     "default": _build_default,
     "one_device": _build_one_device,
     "mirrored": _build_mirrored,
@@ -368,3 +368,5 @@ _BUILDERS: Mapping[str, Callable[[Any, Config], Any]] = {
     "multi_worker_mirrored": _build_multi_worker_mirrored,
     "parameter_server": _build_parameter_server,
 }
+"""Each declared strategy's builder (`tfdist.config.strategies.KINDS`): its options and the
+config in, the `tf.distribute` strategy out. A new strategy is its declaration and this."""

@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
+from tfdist.config import strategies
 from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
@@ -134,7 +135,7 @@ class _Run:
 
   @property
   def asynchronous(self) -> bool:
-    return self.config.strategy.name == "parameter_server"
+    return strategies.kind(self.config.strategy.name).asynchronous
 
   @property
   def replicas(self) -> int:
@@ -561,7 +562,8 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
 
 def _hybrid(config: Config):
   """The cross-worker half of a split model trained by several workers, or None."""
-  if not (config.parallel.enabled and config.strategy.name == "multi_worker_mirrored"):
+  if not (config.parallel.enabled and
+          strategies.kind(config.strategy.name).all_reduces_across_workers):
     return None
   from tfdist.parallel.hybrid import Hybrid
   return Hybrid.for_config(config)

@@ -184,9 +184,11 @@ def _require_local(devices) -> None:
 
 def _require_agreement(config) -> None:
   """Keras's `initialize()` variables, where set, name the cluster TF_CONFIG names."""
-  if config.strategy.name != "multi_worker_mirrored":
-    raise ConfigError("must be multi_worker_mirrored for keras.distribution.DataParallel on "
-                      "a cluster of several workers", key="strategy.name",
+  from tfdist.config import strategies
+  if not strategies.kind(config.strategy.name).all_reduces_across_workers:
+    raise ConfigError(f"must be {strategies.across_workers(False)} for "
+                      "keras.distribution.DataParallel on a cluster of several workers",
+                      key="strategy.name",
                       received=config.strategy.name, source=config.source)
   expected = {_KERAS_ENV[0]: str(config.cluster.training_tasks),
               _KERAS_ENV[1]: str(config.task.index) if config.task else None}

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist.progress as progress
+from tfdist.config import strategies
 from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
@@ -114,7 +115,7 @@ class TrainingLoop:
     settings.refuse_unhonoured(self.config, self._paths)
     self._lease = settings.hold_checkpoint_dir(self.config)  # Released when the epochs end.
     self.strategy = make_strategy(self.config)
-    self.asynchronous = self.config.strategy.name == "parameter_server"
+    self.asynchronous = strategies.kind(self.config.strategy.name).asynchronous
     self.replicas = self.strategy.num_replicas_in_sync
     self.global_batch_size = batch_sizes(self.config.training, self.replicas).global_batch_size
     self.is_chief = is_chief(self.config)

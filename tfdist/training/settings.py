@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from tfdist.config import rules
+from tfdist.config import rules, strategies
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
 
@@ -84,7 +84,7 @@ SETTINGS = (
 def paths_of(config: Config, main: str) -> tuple[str, ...]:
   """The training paths a run of `config` takes: `main` (FIT or LOOP), and PARAMETER_SERVER
   or SPLIT where the config's strategy or `parallel:` section adds one. Pure."""
-  extra = (PARAMETER_SERVER,) if config.strategy.name == "parameter_server" else ()
+  extra = (PARAMETER_SERVER,) if strategies.kind(config.strategy.name).asynchronous else ()
   return (main, *extra, *((SPLIT,) if config.parallel.enabled else ()))
 
 
@@ -149,7 +149,7 @@ def precision(config: Config):
   `training.mixed_precision` (`auto` measured on this machine)."""
   from tfdist.machine import precision as precision_lib
   return precision_lib.policy_for(config.training.mixed_precision,
-                                  loss_scaling=config.strategy.name not in rules.NO_LOSS_SCALING)
+                                  loss_scaling=rules.loss_scaling(config.strategy.name))
 
 
 def given_back_policy(config: Config, chosen) -> str:
@@ -226,6 +226,7 @@ def preemption_notice(config: Config, strategy):
   if not config.checkpoint.dir:
     return None
   from tfdist.training import preemption
-  multi_worker = config.strategy.name == "multi_worker_mirrored" and bool(config.cluster.jobs)
+  multi_worker = (strategies.kind(config.strategy.name).all_reduces_across_workers and
+                  bool(config.cluster.jobs))
   return preemption.Notice(preemption.signals_of(config.checkpoint.preemption_signal),
                            strategy=strategy if multi_worker else None)

@@ -1,0 +1,122 @@
+"""The strategies tfdist runs, declared once: what each one is and what it supports.
+
+The loader, the cross-section rules, the batch arithmetic, the training paths, the launcher and
+the CLI read a strategy's facts from its `StrategyKind` here, never from its name; the only
+other place a strategy's name is written is its builder in `tfdist.strategy.factory`. Adding a
+strategy is one `StrategyKind` in `KINDS` and one builder in `factory.BUILDERS`
+(tests/test_strategies.py registers a fake one through both and trains with it).
+
+```python
+from tfdist.config import strategies
+kind = strategies.kind("mirrored")
+kind.across_workers, "sharding" in kind.supports     # (False, True)
+strategies.supporting("split")                       # ("default", "multi_worker_mirrored")
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from tfdist.config import schema
+
+FEATURES = ("split", "accumulation", "compression", "averaging", "sharding", "jit",
+            "loss_scaling", "agreed_preemption")
+"""What a strategy may support:
+
+- split: a model split over this process's devices (`parallel:`) trains under it;
+- accumulation: `training.gradient_accumulation_steps`;
+- compression: `strategy.gradient_compression`;
+- averaging: `strategy.average_every` (periodic averaging);
+- sharding: `training.shard_optimizer`;
+- jit: `training.jit_compile` (XLA fails under the others in TensorFlow 2.21);
+- loss_scaling: float16 (Keras's LossScaleOptimizer fails under the others);
+- agreed_preemption: at a notice every task saves after the same step.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyKind:
+  """One `tf.distribute` strategy as tfdist runs it.
+
+  Attributes:
+    name: its name in `strategy.name`, `tfdist.make_strategy` and every message.
+    options: its options dataclass (`tfdist.config.schema`).
+    across_workers: runs over a cluster of several processes (TF_CONFIG); False: one machine.
+    asynchronous: workers update the variables without waiting for each other (parameter
+      servers): the chief coordinates, the workers and ps run servers.
+    replicas: how its replica count is made: "one"; "local" (this machine's devices, or the
+      devices its `devices_option` lists); "workers" (the training tasks x each one's GPUs);
+      "worker" (one worker's GPUs: a parameter-server step runs on one worker).
+    devices_option: the option naming the devices its replicas run on, if any.
+    supports: the `FEATURES` it supports.
+  """
+  name: str
+  options: type
+  across_workers: bool = False
+  asynchronous: bool = False
+  replicas: Literal["one", "local", "workers", "worker"] = "one"
+  devices_option: str | None = None
+  supports: frozenset = frozenset()
+
+  @property
+  def all_reduces_across_workers(self) -> bool:
+    """Synchronous replicas in several processes: gradients all-reduced between workers."""
+    return self.across_workers and not self.asynchronous
+
+
+def _kind(name, options, *supports, **facts) -> StrategyKind:
+  unknown = set(supports) - set(FEATURES)
+  assert not unknown, unknown
+  return StrategyKind(name, options, supports=frozenset(supports), **facts)
+
+
+KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
+    _kind("default", schema.DefaultOptions, "split", "accumulation", "jit", "loss_scaling",
+          "agreed_preemption"),
+    _kind("one_device", schema.OneDeviceOptions, "accumulation", "jit", "loss_scaling",
+          "agreed_preemption"),
+    _kind("mirrored", schema.MirroredOptions, "accumulation", "compression", "sharding",
+          "loss_scaling", "agreed_preemption", replicas="local", devices_option="devices"),
+    _kind("multi_worker_mirrored", schema.MultiWorkerMirroredOptions, "split", "accumulation",
+          "compression", "averaging", "sharding", "loss_scaling", "agreed_preemption",
+          across_workers=True, replicas="workers"),
+    _kind("central_storage", schema.CentralStorageOptions, "accumulation", "agreed_preemption",
+          replicas="local", devices_option="compute_devices"),
+    _kind("parameter_server", schema.ParameterServerOptions, "loss_scaling",
+          across_workers=True, asynchronous=True, replicas="worker"),
+)}
+"""Every strategy, by name, in the order messages list them."""
+
+
+def names() -> tuple[str, ...]:
+  """The strategies' names, in `KINDS`' order."""
+  return tuple(KINDS)
+
+
+def kind(name: str) -> StrategyKind:
+  """The declaration of strategy `name` (a name the loader accepted)."""
+  return KINDS[name]
+
+
+def supporting(feature: str) -> tuple[str, ...]:
+  """The names of the strategies that support `feature` (one of `FEATURES`). Pure."""
+  assert feature in FEATURES, feature
+  return tuple(name for name, k in KINDS.items() if feature in k.supports)
+
+
+def across_workers(asynchronous: bool) -> str:
+  """The name of the strategy that runs a cluster of several workers: with parameter servers
+  (`asynchronous`) or all-reducing between them."""
+  return next(name for name, k in KINDS.items()
+              if k.across_workers and k.asynchronous == asynchronous)
+
+
+def inferred(cluster: schema.ClusterConfig) -> str:
+  """The strategy a config without a `strategy` section gets from its cluster: parameter
+  servers where it has ps tasks, all-reduce across workers where it has several, else the
+  default strategy. Pure."""
+  if cluster.ps:
+    return across_workers(asynchronous=True)
+  return across_workers(asynchronous=False) if cluster.training_tasks > 1 else "default"
