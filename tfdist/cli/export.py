@@ -52,6 +52,7 @@ def run(args: list[str], task: str | None) -> int:
 def _serving(args: list[str]) -> int:
   if len(args) != 2:
     raise SystemExit(f"usage: {USAGE}")
+  from tfdist.cli.models import require_model
   model, _ = require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   from tfdist.serving.saved_model import export_for_serving
   saved = export_for_serving(model, args[1], max_batch_size=FLAGS["max-batch-size"].value,
@@ -59,26 +60,3 @@ def _serving(args: list[str]) -> int:
   print(f"tfdist export serving: wrote {saved} (reloaded, equal) and "
         f"{pathlib.Path(args[1]) / 'batching_parameters.txt'}")
   return 0
-
-
-def require_model(path: str) -> tuple[str, int]:
-  """The model to load at `path` and its version: a `.keras` file or a SavedModel directory
-  (version 1, or the directory's name when it is a number), or TensorFlow Serving's layout of
-  numbered version directories (the newest).
-
-  Raises:
-    ConfigError: `path` is none of these.
-  """
-  import os
-  if os.path.isfile(path) and path.endswith(".keras"):
-    return path, 1
-  if os.path.isfile(os.path.join(path, "saved_model.pb")):
-    name = os.path.basename(os.path.normpath(path))
-    return path, int(name) if name.isdigit() else 1
-  versions = [int(v) for v in (os.listdir(path) if os.path.isdir(path) else ())
-              if v.isdigit() and os.path.isfile(os.path.join(path, v, "saved_model.pb"))]
-  if not versions:
-    raise ConfigError("must be a .keras file, a SavedModel directory, or a directory of "
-                      "numbered SavedModel versions (TensorFlow Serving's layout)", key="MODEL",
-                      received=path)
-  return os.path.join(path, str(max(versions))), max(versions)

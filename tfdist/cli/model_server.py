@@ -24,7 +24,7 @@ def run(args: list[str], task: str | None) -> int:
     raise SystemExit(f"usage: {USAGE}")
   if not FLAGS.name:
     raise ConfigError("is required: the name clients call the model by", key="--name")
-  from tfdist.cli.export import require_model
+  from tfdist.cli.models import require_model
   model, version = require_model(args[0])  # Before TensorFlow is imported: one line on stderr.
   try:
     from tfdist.serving import http

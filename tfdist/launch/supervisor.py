@@ -59,6 +59,14 @@ class Supervisor:
   """Runs the plan returned by `make_plan()` (called again for each restart of the whole
   cluster, so new ports can be picked).
 
+  A launch's states, in order: *starting* (the plan's processes started; waiting for every
+  task's server, this host's and its peers', until `startup_timeout`: exit 3), *running* (every
+  server up; `_watch` follows exits, heartbeats, hangs and signals), *stopping* (a stop signal
+  forwarded to every task, SIGKILL after `grace_period`), *restarting* (`_watch` returned None:
+  the cluster stopped after a failure, a hang or a preemption with restarts left, to be planned
+  and started again, training resuming from its backups), *ended* (`run` returns the
+  `Outcome`).
+
   Args:
     make_plan: returns the plan to start.
     startup_timeout: seconds for every task's server to accept connections.

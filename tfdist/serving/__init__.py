@@ -1,5 +1,9 @@
 """Inference: fast bulk prediction, request batching, an HTTP endpoint, SavedModel export.
 
+Takes: a Keras model, a `.keras` file or a SavedModel. Gives: predictions in input order,
+batched requests, TF Serving's REST surface (`http.py`, the `serving` extra), a SavedModel for
+TF Serving. Never imports: `training`, `launch`, `cli`.
+
 ```python
 from tfdist.serving import BatchingPredictor
 predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=2)
