@@ -45,7 +45,8 @@ setuptools.setup(
         "ray": [RAY],
         "docs": DOCS,
         # psutil: the suite's session-end check for processes it left alive.
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "scikit-learn>=1.5,<2",
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.5,<4",
+                 "scikit-learn>=1.5,<2",
                  "psutil>=5.9,<8",
                  # Kubernetes' own JSON schemas, and training-operator v1.9.0's TFJob
                  # models, for the exported manifests.

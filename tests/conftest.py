@@ -51,6 +51,8 @@ def pytest_runtest_call(item):
 def pytest_collection_finish(session):
   """Starts the real-Slurm script at once when its test is selected: its jobs wait on Slurm
   most of their two minutes, so they run beside the other tests (tests/test_real_slurm.py)."""
+  if hasattr(session.config, "workerinput"):
+    return  # Under pytest-xdist every worker collects every test: it runs first in one of them.
   for item in session.items:
     if item.nodeid.endswith("test_real_slurm.py::test_exported_jobs_run_on_a_real_slurm") and \
         item.module.runs_here():
@@ -119,6 +121,9 @@ def _kill(processes) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+  # The real-Slurm script first: under pytest-xdist its file is then the first one a process
+  # takes, so its two minutes of mostly waiting run beside the other process's tests.
+  items.sort(key=lambda item: "test_real_slurm.py::" not in item.nodeid)
   if GPUS:
     return
   skip = pytest.mark.skip(reason="no GPU on this machine")
@@ -129,6 +134,13 @@ def pytest_collection_modifyitems(config, items):
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 PROGRAMS = REPO / "tests" / "programs"
+
+
+@pytest.fixture(autouse=True)
+def _devices_first(request):
+  """Every test process splits its CPU into 2 logical devices before its first test, whichever
+  files pytest-xdist gives it first (TensorFlow takes the split only before it starts)."""
+  request.getfixturevalue("two_cpus")
 
 
 @pytest.fixture(scope="session")
