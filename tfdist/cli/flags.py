@@ -27,22 +27,24 @@ _METAVARS = {int: "N", float: "SECONDS"}
 _FLAG_METAVARS = {"max-wait-ms": "MS", "hang-timeout": "SECONDS"}  # Where the type cannot say.
 
 
-def flags_help(command: str) -> str:
-  """Every flag of `command`, one per line, with its default and meaning."""
-  lines = []
+def described(command: str) -> list[tuple[str, str, str]]:
+  """(spelling, default, meaning) of each flag of `command` in its help's order: `--port N`,
+  `--dry-run`; the default as the help writes it ("none" for None). What `--help` and the docs'
+  CLI reference both show."""
+  rows = []
   for name in COMMAND_FLAGS[command]:
     flag = flags.FLAGS[name]
+    value = "" if flag.boolean else " " + _FLAG_METAVARS.get(
+        name, _METAVARS.get(type(flag.default), "VALUE"))
     default = "none" if flag.default is None else str(flag.default).lower()
-    lines.append(f"  --{name}{flag_value_name(name, flag)} (default: {default})\n"
-                 f"      {flag.help}")
-  return "\n".join(lines)
+    rows.append((f"--{name}{value}", default, flag.help))
+  return rows
 
 
-def flag_value_name(name: str, flag) -> str:
-  """" N", " SECONDS", " MS", " VALUE" after a flag that takes a value, "" after a switch."""
-  if flag.boolean:
-    return ""
-  return " " + _FLAG_METAVARS.get(name, _METAVARS.get(type(flag.default), "VALUE"))
+def flags_help(command: str) -> str:
+  """Every flag of `command`, one per line, with its default and meaning."""
+  return "\n".join(f"  {spelling} (default: {default})\n      {meaning}"
+                   for spelling, default, meaning in described(command))
 
 
 def define_flags() -> None:

@@ -17,7 +17,7 @@ import inspect
 from absl import flags
 
 import tfdist.exit_codes as exit_codes
-from tfdist.cli.flags import COMMAND_FLAGS, define_flags, flag_value_name
+from tfdist.cli.flags import define_flags, described
 from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES
 
 
@@ -39,11 +39,8 @@ def markdown() -> str:
             "```text", f"usage: {command.USAGE}", "```", "",
             inspect.cleandoc(command.__doc__ or ""), "",
             "| flag | default | meaning |", "|---|---|---|"]
-    for flag_name in COMMAND_FLAGS[name]:
-      flag = flags.FLAGS[flag_name]
-      default = "none" if flag.default is None else str(flag.default).lower()
-      out.append(f"| `--{flag_name}{flag_value_name(flag_name, flag)}` | `{default}` | "
-                 f"{_cell(flag.help)} |")
+    out += [f"| `{spelling}` | `{default}` | {_cell(meaning)} |"
+            for spelling, default, meaning in described(name)]
     out.append("")
   out += ["## Renamed commands", "",
           "Old spellings that still run, after a one-line notice, until the next release:", ""]

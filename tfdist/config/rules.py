@@ -15,12 +15,6 @@ from tfdist.config.schema import Config, StrategyConfig
 from tfdist.config.tf_config import split_address
 from tfdist.errors import ConfigError
 
-# Where XLA fails in TensorFlow 2.21 (device placement of mirrored variables; "Collectives are
-# not yet implemented for CPU devices when compiling with XLA"; under parameter servers "Trying
-# to access resource ... located in device /job:ps"), and where Keras 3's LossScaleOptimizer
-# fails (it assigns its loss-scale counters per replica, which CentralStorage's
-# AggregatingVariable refuses), `strategies` declares it: "jit" and "loss_scaling".
-
 
 def infer_strategy(config: Config) -> Config:
   """Fills in a strategy the config left out, from its cluster."""

@@ -30,8 +30,13 @@ FEATURES = ("split", "accumulation", "compression", "averaging", "sharding", "ji
 - compression: `strategy.gradient_compression`;
 - averaging: `strategy.average_every` (periodic averaging);
 - sharding: `training.shard_optimizer`;
-- jit: `training.jit_compile` (XLA fails under the others in TensorFlow 2.21);
-- loss_scaling: float16 (Keras's LossScaleOptimizer fails under the others);
+- jit: `training.jit_compile` (XLA fails under the others in TensorFlow 2.21: device placement
+  of mirrored variables; "Collectives are not yet implemented for CPU devices when compiling
+  with XLA"; under parameter servers "Trying to access resource ... located in device
+  /job:ps");
+- loss_scaling: float16 (Keras 3's LossScaleOptimizer fails under the others: under
+  CentralStorage it assigns its loss-scale counters per replica, which an AggregatingVariable
+  refuses);
 - agreed_preemption: at a notice every task saves after the same step.
 """
 

@@ -144,8 +144,8 @@ def distribute_tensor(tensor, layout):
   axes = tuple(layout.axes)
   if tf.inside_function() or not tf.distribute.in_cross_replica_context():
     return tensor
-  distribution = _current_distribution()
-  batch = getattr(distribution, "batch_dim_name", None)
+  import keras
+  batch = getattr(keras.distribution.distribution(), "batch_dim_name", None)
   if any(axes[1:]) or (axes and axes[0] not in (None, batch)):
     raise UnsupportedError(f"keras.distribution.distribute_tensor: lays out axes {axes}: tfdist "
                            f"runs the batch axis ({batch!r}, first) on TensorFlow, and Dense "
@@ -164,11 +164,6 @@ def distribute_tensor(tensor, layout):
     with tf.device(devices[replica % len(devices)]):
       return tf.identity(pieces[replica])
   return strategy.experimental_distribute_values_from_function(placed)
-
-
-def _current_distribution():
-  import keras
-  return keras.distribution.distribution()
 
 
 def _require_local(devices) -> None:

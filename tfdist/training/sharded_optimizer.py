@@ -148,6 +148,12 @@ class _Shards:
       self.weights = keras.Variable(np.zeros([self.size], dtypes.pop()), trainable=False,
                                     name="tfdist_weights_shard")
       self.slots = _made_by(shard, lambda: shard.build([self.weights]))
+    names = sorted(self.slots)  # Every save gathers them: one function, traced once.
+    self._gather_slots = tf.function(
+        lambda: [self._gather(self.strategy, [c.read_value() for c in
+                                              self.strategy.experimental_local_results(
+                                                  self.slots[n].value)])
+                 for n in names])
     self.shard = shard
     if "update_step" in vars(optimizer):  # tfdist's fused kernels were installed on it.
       from tfdist.training import fused_updates
@@ -226,15 +232,8 @@ class _Shards:
 
   def _whole_slots(self) -> dict:
     """{(variable index, slot name): the slot's whole value (NumPy)}, gathered from shards."""
-    names = sorted(self.slots)
-    if getattr(self, "_gather_slots", None) is None:  # Traced once: every save calls it.
-      self._gather_slots = tf.function(
-          lambda: [self._gather(self.strategy, [c.read_value() for c in
-                                                self.strategy.experimental_local_results(
-                                                    self.slots[n].value)])
-                   for n in names])
     gathered = self._gather_slots()
-    return {(i, name): piece.numpy() for name, whole in zip(names, gathered)
+    return {(i, name): piece.numpy() for name, whole in zip(sorted(self.slots), gathered)
             for i, piece in enumerate(self._pieces(whole))}
 
   def save(self, store, own_first) -> None:
