@@ -48,7 +48,7 @@ def test_check_reads_tf_config_from_the_environment():
 
 @pytest.mark.parametrize("args,message", [
     (["launch-everything"], "tfdist: the command must be one of check, launch, cluster-server, "
-                            "export, tensorboard, env, estimate, model-server. "
+                            "export, tensorboard, env, estimate, model-server, model-export. "
                             "Received: 'launch-everything'"),
     (["check", "--no-such-flag"], "tfdist: Unknown command line flag 'no-such-flag'"),
     (["check", str(CONFIGS / "mirrored.yaml"), "--task", "boss:0"],

@@ -35,7 +35,7 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   path = write_config(PS_CLUSTER)
   script = slurm.sbatch_script(tfdist.load_config(path, environ={}), str(path),
                                ["python", "train.py", "--lr", "0.1 0.2"], job_name="run",
-                               nodes=2, port=3000, gpus_per_task=1)
+                               nodes=2, grpc_port=3000, gpus_per_task=1)
   directives = dict(line[len("#SBATCH --"):].partition("=")[::2]
                     for line in script.splitlines() if line.startswith("#SBATCH"))
   assert directives == {"job-name": "run", "ntasks": "4", "nodes": "2",
@@ -44,8 +44,8 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
   assert shlex.split(srun) == [
       "srun", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdist", "launch", str(path),
-      "--backend", "slurm", "--port", "3000", "--grace-period", "80", "--", "python", "train.py", "--lr",
-      "0.1 0.2"]
+      "--backend", "slurm", "--grpc-port", "3000", "--grace-period", "80", "--", "python",
+      "train.py", "--lr", "0.1 0.2"]
   assert script.endswith('[ -f "tfdist-${SLURM_JOB_ID:-0}.exit" ] && status=$(cat '
                          '"tfdist-${SLURM_JOB_ID:-0}.exit") && rm -f "tfdist-${SLURM_JOB_ID:-0}'
                          '.exit"\n# 42: every task saved its backup after a notice; the requeued '
@@ -66,7 +66,7 @@ def test_the_sbatch_notice_is_the_configs_preemption_signal(write_config):
 def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):
   config = tfdist.load_config(write_config("cluster: {worker: 2}\n"), environ={})
   script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run")
-  assert "--port" not in script
+  assert "--grpc-port" not in script
   env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2"}
   ports = {slurm_backend.cluster_from_slurm(config, environ={**env, "SLURM_JOB_ID": job})
            .cluster.addresses["worker"][0] for job in ("1041", "1042")}
@@ -108,7 +108,7 @@ def test_each_srun_task_gets_its_role_and_peers_from_slurm(write_config, monkeyp
   roles = [("chief", 0, False), ("ps", 0, True), ("worker", 0, True), ("worker", 1, True)]
   for rank, (job, index, serves) in enumerate(roles):
     slurm_env(monkeypatch, rank)
-    resolved = slurm_backend.cluster_from_slurm(config, port=3000)
+    resolved = slurm_backend.cluster_from_slurm(config, grpc_port=3000)
     (process,) = plan_launch(resolved, str(path), ["python", "t.py"], log_dir=str(tmp_path),
                              task=resolved.task).processes
     assert json.loads(dict(process.env)["TF_CONFIG"]) == {
@@ -160,7 +160,7 @@ def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_p
     port = held.ports[0]
   with socket.socket() as probe:
     probe.bind(("", port + 1))
-  exported = tfdist_cli("export", "slurm", str(path), "--port", str(port), "--",
+  exported = tfdist_cli("export", "slurm", str(path), "--grpc-port", str(port), "--",
                         sys.executable, str(PROGRAMS / "equivalence_case.py"), "plain")
   assert exported.returncode == 0, exported.stderr
   script = tmp_path / "job.sbatch"
@@ -225,7 +225,7 @@ def test_tfjob_replicas_read_their_task_from_the_operators_tf_config(write_confi
       "cluster: {chief: 1, worker: 2, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"),
       environ={})
   documents = kubernetes.manifests(config, ["python", "t.py"], name="job", image="i",
-                                   namespace="ml", port=2000, kind="tfjob")
+                                   namespace="ml", grpc_port=2000, kind="tfjob")
   path = mounted_config(documents, tmp_path)
   # The TF_CONFIG the Kubeflow training operator sets: <job>-<type>-<i>.<ns>.svc:<port>.
   cluster = {job: [f"job-{job}-{i}.ml.svc:2000" for i in range(n)]
@@ -295,11 +295,8 @@ def test_statefulsets_give_each_pod_its_tf_config(write_config, tmp_path):
      "restarts and unseen by other pods: pass --volume-claim NAME"),
     (["kubernetes", "configs/default.yaml", "--image", "i", "--", "python"],
      "cluster: must name the replicas"),
-    (["nomad", "configs/default.yaml"], "engine: must be one of slurm, kubernetes, serving. "
+    (["nomad", "configs/default.yaml"], "engine: must be one of slurm, kubernetes. "
      "Received: 'nomad'"),
-    (["serving", "no-such.keras", "out"], "MODEL: must be a .keras file, a SavedModel "
-     "directory, or a directory of numbered SavedModel versions (TensorFlow Serving's layout). "
-     "Received: 'no-such.keras'"),
     (["slurm", "configs/multi_worker_mirrored.yaml", "--nodes", "3", "--", "python"],
      "--nodes: must be from 1 to the cluster's 2 task(s). Received: 3"),
     (["slurm", "configs/multi_worker_mirrored.yaml"], "command: must be given after --"),
@@ -309,6 +306,38 @@ def test_export_errors_are_one_line_with_exit_code_2(args, message):
   assert result.returncode == 2
   assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
       result.stderr
+
+
+def test_model_export_names_a_missing_model_and_export_serving_is_its_old_spelling():
+  missing = ("tfdist model-export: MODEL: must be a .keras file, a SavedModel directory, or a "
+             "directory of numbered SavedModel versions (TensorFlow Serving's layout). "
+             "Received: 'no-such.keras'")
+  result = tfdist_cli("model-export", "no-such.keras", "out")
+  assert (result.returncode, result.stderr) == (2, missing + "\n")
+  old = tfdist_cli("export", "serving", "no-such.keras", "out")
+  assert (old.returncode, old.stderr) == (2, "tfdist: `tfdist export serving` is now `tfdist "
+                                          "model-export`; the old name goes in the next release\n"
+                                          + missing + "\n")
+
+
+def test_grpc_port_is_the_task_servers_port_and_port_its_old_spelling_there():
+  args = ("export", "slurm", "configs/multi_worker_mirrored.yaml")
+  new = tfdist_cli(*args, "--grpc-port", "3000", "--", "python", "t.py")
+  assert (new.returncode, new.stderr) == (0, "")
+  old = tfdist_cli(*args, "--port", "3000", "--", "python", "t.py")
+  assert (old.returncode, old.stdout) == (0, new.stdout)
+  assert old.stderr == ("tfdist export: --port is now spelled --grpc-port here; the old "
+                        "spelling goes in the next release\n")
+  assert "--grpc-port 3000 " in new.stdout
+  both = tfdist_cli(*args, "--port", "3000", "--grpc-port", "3001", "--", "python", "t.py")
+  assert (both.returncode, both.stderr) == (2, "tfdist export: --grpc-port: must be given "
+                                            "alone; --port 3000 is its old spelling. "
+                                            "Received: 3001\n")
+  manifests = tfdist_cli("export", "kubernetes", "configs/multi_worker_mirrored.yaml",
+                         "--image", "i", "--volume-claim", "c", "--grpc-port", "2000", "--",
+                         "python", "t.py")
+  assert manifests.returncode == 0, manifests.stderr
+  assert "containerPort: 2000" in manifests.stdout and "2222" not in manifests.stdout
 
 
 # -- held ports and --keep-alive ---------------------------------------------------------------

@@ -10,7 +10,9 @@ import pytest
 
 from tfdist.launch import backends
 from tfdist.launch.backends import Discovery, local
-from tfdist.launch.launcher import LaunchOptions, launch
+from tfdist.config.schema import TaskConfig
+from tfdist.errors import ConfigError
+from tfdist.launch.launcher import LaunchOptions, dry_run, launch
 
 
 def fake_backend(started: list, finished: list):
@@ -54,8 +56,37 @@ def test_the_built_in_backends_are_found_by_name_and_dry_runs_start_nothing(tmp_
   started = []
   backend = types.SimpleNamespace(NAME="dry", discover=local.discover, finish=local.finish,
                                   start=lambda process: started.append(process))
-  plan = launch(str(config), ["python", "t.py"], LaunchOptions(backend=backend, dry_run=True,
-                                                              logs=str(tmp_path)))
+  plan = dry_run(str(config), ["python", "t.py"], LaunchOptions(backend=backend,
+                                                               logs=str(tmp_path)))
   assert [p.name for p in plan.processes] == ["worker-0", "worker-1"] and started == []
+  with pytest.warns(DeprecationWarning, match=r"LaunchOptions\(dry_run=True\)\) is now dry_run"):
+    old = launch(str(config), ["python", "t.py"], LaunchOptions(backend=backend, dry_run=True,
+                                                               logs=str(tmp_path)))
+  assert [p.name for p in old.processes] == ["worker-0", "worker-1"] and started == []
   with pytest.raises(KeyError):
     backends.get("kubernetes")
+
+
+def test_launch_options_take_the_task_parsed_and_port_as_grpc_ports_old_name():
+  assert LaunchOptions(task="worker:1").task == TaskConfig("worker", 1)
+  assert LaunchOptions(task=TaskConfig("ps", 0)).task == TaskConfig("ps", 0)
+  with pytest.raises(ConfigError, match=r"^--task: must be TYPE:INDEX .* Received: 'worker1'$"):
+    LaunchOptions(task="worker1")
+  with pytest.warns(DeprecationWarning, match=r"LaunchOptions\(port=...\) is now "
+                    r"LaunchOptions\(grpc_port=...\)"):
+    assert LaunchOptions(port=3000).grpc_port == 3000
+  with pytest.raises(ConfigError, match=r"^port: give grpc_port alone"):
+    LaunchOptions(port=3000, grpc_port=3001)
+
+
+@pytest.mark.parametrize("backend,options,message", [
+    ("local", LaunchOptions(grpc_port=3000), "--grpc-port: a local launch takes free ports"),
+    ("ray", LaunchOptions(grpc_port=3000), "--grpc-port: Ray places the tasks"),
+    ("ray", LaunchOptions(task="worker:1"), "--task: a Ray launch runs every task"),
+    ("slurm", LaunchOptions(task="worker:1"), "--task: Slurm gives each srun task its role"),
+])
+def test_a_backend_refuses_the_options_it_cannot_honour(tmp_path, backend, options, message):
+  import tfdist
+  config = tfdist.load_config({"cluster": {"worker": 2}}, environ={})
+  with pytest.raises(ConfigError, match="^" + message):
+    backends.get(backend).discover(config, options, {})

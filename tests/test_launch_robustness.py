@@ -133,7 +133,8 @@ def test_tensorflow_start_up_noise_is_turned_down(write_config, tmp_path):
 
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["launch", "--help"], ["launch", "-h"],
                                   ["export", "--help"], ["check", "-h"],
-                                  ["cluster-server", "--help"], ["estimate", "--help"]])
+                                  ["cluster-server", "--help"], ["estimate", "--help"],
+                                  ["model-export", "--help"]])
 def test_help_lists_every_flag_with_its_default(args):
   result = subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=60)
@@ -149,9 +150,11 @@ def test_help_lists_every_flag_with_its_default(args):
       assert flag in result.stdout.split("flags:")[0]  # In the usage line too.
 
 
-@pytest.mark.parametrize("old, new", [("serve", "cluster-server"), ("plan", "estimate")])
+@pytest.mark.parametrize("old, new", [("serve", "cluster-server"), ("plan", "estimate"),
+                                      ("export serving", "model-export")])
 def test_a_renamed_command_still_runs_for_one_release_with_a_one_line_notice(old, new):
-  result = subprocess.run([sys.executable, "-m", "tfdist", old, "--help"], cwd=REPO, env=ENV,
+  result = subprocess.run([sys.executable, "-m", "tfdist", *old.split(), "--help"], cwd=REPO,
+                          env=ENV,
                           capture_output=True, text=True, timeout=60)
   assert result.returncode == 0, result.stderr
   assert result.stderr == (f"tfdist: `tfdist {old}` is now `tfdist {new}`; the old name goes in "

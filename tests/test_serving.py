@@ -1,6 +1,6 @@
 """Inference: the batching predictor under concurrent callers (own answers, batches formed,
 deadlines, queue bound, a bad request failing alone), `tfdist model-server` answering over
-HTTP on 127.0.0.1, and `tfdist export serving` reloaded and equal."""
+HTTP on 127.0.0.1, and `tfdist model-export` reloaded and equal."""
 
 import concurrent.futures
 import io
@@ -301,7 +301,7 @@ def test_a_full_queue_answers_429_with_retry_after(server):
 
 
 def test_an_exported_saved_model_reloads_equal_and_is_served(tmp_path, saved, model):
-  done = subprocess.run([sys.executable, "-m", "tfdist", "export", "serving", str(saved),
+  done = subprocess.run([sys.executable, "-m", "tfdist", "model-export", str(saved),
                          str(tmp_path / "out"), "--max-batch-size", "16"], cwd=REPO, env=ENV,
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -396,7 +396,7 @@ def text_model(tmp_path_factory):
                         sys.executable, str(PROGRAMS / "text_classifier.py"), str(out))
   output = finish(launch, 240, [])
   assert launch.returncode == 0, output[-3000:]
-  done = subprocess.run([sys.executable, "-m", "tfdist", "export", "serving",
+  done = subprocess.run([sys.executable, "-m", "tfdist", "model-export",
                          str(out / "text.keras"), str(out / "export")], cwd=REPO, env=ENV,
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stdout + done.stderr[-2000:]

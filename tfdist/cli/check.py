@@ -14,13 +14,13 @@ import yaml
 
 from tfdist.config import (LOCALHOST, batch_sizes, config_to_dict, load_config, replica_count,
                            tf_config_for)
-from tfdist.config.schema import Config
+from tfdist.config.schema import Config, TaskConfig
 from tfdist.errors import ConfigError
 
 USAGE = "tfdist check [CONFIG] [--task TYPE:INDEX]"
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)

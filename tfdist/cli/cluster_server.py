@@ -4,12 +4,13 @@ parameter-server cluster until stopped."""
 from __future__ import annotations
 
 from tfdist.config import load_config
+from tfdist.config.schema import TaskConfig
 from tfdist.strategy.cluster_server import run_cluster_server
 
 USAGE = "tfdist cluster-server [CONFIG] [--task TYPE:INDEX]"
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:
     raise SystemExit(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)

@@ -11,11 +11,13 @@ import sys
 
 from absl import flags
 
+from tfdist.config.schema import TaskConfig
+
 USAGE = "tfdist env [CONFIG] [--json]"
 FLAGS = flags.FLAGS
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   from tfdist.monitoring import environment
 
   del task

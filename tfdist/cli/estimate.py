@@ -14,6 +14,7 @@ import sys
 
 from absl import flags
 
+from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError
 
 USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--length L] "
@@ -21,7 +22,7 @@ USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--length L
 FLAGS = flags.FLAGS
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) != 1:
     raise SystemExit(f"usage: {USAGE}")
   from tfdist.config import batch_sizes, load_config

@@ -2,13 +2,17 @@
 spelled with hyphens (`--dry-run`), as torchrun and accelerate spell theirs; read them as
 `FLAGS["dry-run"].value`."""
 
+import sys
+
 from absl import flags
+
+from tfdist.errors import ConfigError
 
 
 COMMAND_FLAGS = {
     "launch": ("task", "backend", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
-               "heartbeat-timeout", "hang-timeout", "grace-period", "logs", "verbose", "keep-alive", "port",
-               "tensorboard"),
+               "heartbeat-timeout", "hang-timeout", "grace-period", "logs", "verbose", "keep-alive",
+               "tensorboard", "grpc-port", "port"),
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
     "env": ("json",),
@@ -16,9 +20,9 @@ COMMAND_FLAGS = {
     "model-server": ("name", "host", "port", "max-batch-size", "max-wait-ms", "max-queue",
                      "max-body-bytes"),
     "cluster-server": ("task",),
-    "export": ("nodes", "port", "gpus-per-task", "cpus-per-task", "notice", "image", "kind",
-               "name", "namespace", "volume-claim", "max-restarts", "max-batch-size",
-               "max-wait-ms"),
+    "export": ("nodes", "grpc-port", "port", "gpus-per-task", "cpus-per-task", "notice", "image",
+               "kind", "name", "namespace", "volume-claim", "max-restarts"),
+    "model-export": ("max-batch-size", "max-wait-ms"),
 }
 """The flags each command reads, in the order its help lists them."""
 
@@ -39,6 +43,23 @@ def described(command: str) -> list[tuple[str, str, str]]:
     default = "none" if flag.default is None else str(flag.default).lower()
     rows.append((f"--{name}{value}", default, flag.help))
   return rows
+
+
+def grpc_port(command: str) -> int | None:
+  """`--grpc-port`, or `--port` as its old spelling for launch and export, with a notice.
+
+  Raises:
+    ConfigError: both are given and differ.
+  """
+  new, old = flags.FLAGS["grpc-port"], flags.FLAGS["port"]
+  if not old.present:
+    return new.value
+  if new.present and new.value != old.value:
+    raise ConfigError(f"must be given alone; --port {old.value} is its old spelling",
+                      key="--grpc-port", received=new.value)
+  print(f"tfdist {command}: --port is now spelled --grpc-port here; the old spelling goes in the "
+        "next release", file=sys.stderr, flush=True)
+  return old.value
 
 
 def flags_help(command: str) -> str:
@@ -105,11 +126,17 @@ def define_flags() -> None:
   flags.DEFINE_bool("slurm", False, "launch: the old spelling of --backend slurm.")
   flags.DEFINE_bool("keep-alive", False, "launch: after a successful end, stay up until "
                     "stopped (for engines that restart exited containers, like StatefulSets).")
-  flags.DEFINE_integer("port", None, "tensorboard: its port (default: a free one); export, "
-                       "launch --backend slurm: every task's server port "
-                       "(Kubernetes: default 2222); on Slurm the first, tasks sharing a node "
+  flags.DEFINE_integer("port", None, "tensorboard, model-server: the port it serves HTTP on "
+                       "(default: a free one). launch, export: the old spelling of --grpc-port "
+                       "(a notice; gone in the next release).", lower_bound=1,
+                       upper_bound=65535)
+  flags.DEFINE_integer("grpc-port", None, "launch --backend slurm, export slurm|kubernetes: the "
+                       "port the tasks' TensorFlow servers listen on. Kubernetes: every pod's "
+                       "(default 2222). Slurm: the first on each node, tasks sharing a node "
                        "counting up from it (default: one of the job's own, from its job id, so "
-                       "jobs sharing a node do not collide).", lower_bound=1, upper_bound=65535)
+                       "jobs sharing a node do not collide). A local launch picks free ports "
+                       "or takes the config's addresses, and Ray's its actors' nodes, so they "
+                       "refuse it.", lower_bound=1, upper_bound=65535)
   flags.DEFINE_integer("cpus-per-task", 1, "export slurm: CPUs Slurm gives each task (sites "
                        "binding tasks to CPUs otherwise give each TensorFlow process one).",
                        lower_bound=1)
@@ -127,9 +154,9 @@ def define_flags() -> None:
   flags.DEFINE_string("name", None, "export: the job's name; default the config file's name. "
                       "model-server: the model's name in its URLs (required).")
   flags.DEFINE_string("host", "127.0.0.1", "model-server: the address to listen on.")
-  flags.DEFINE_integer("max-batch-size", 32, "model-server, export serving: rows per batch at "
+  flags.DEFINE_integer("max-batch-size", 32, "model-server, model-export: rows per batch at "
                        "most.", lower_bound=1)
-  flags.DEFINE_float("max-wait-ms", 2.0, "model-server, export serving: how long a batch may "
+  flags.DEFINE_float("max-wait-ms", 2.0, "model-server, model-export: how long a batch may "
                      "wait for more requests.", lower_bound=0)
   flags.DEFINE_integer("max-queue", 1024, "model-server: requests waiting at most; beyond it "
                        "429.", lower_bound=1)

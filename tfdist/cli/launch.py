@@ -13,35 +13,37 @@ import sys
 
 from absl import flags
 
+from tfdist.config.schema import TaskConfig
+
 USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX] [--backend local|slurm|ray] [--dry-run] "
          "[--fresh] "
          "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--hang-timeout S] "
-         "[--grace-period S] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] [--port P] "
-         "-- COMMAND")
+         "[--grace-period S] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] "
+         "[--grpc-port P] -- COMMAND")
 FLAGS = flags.FLAGS
 
 
-def run(args: list[str], task: str | None) -> int:
-  from tfdist.launch.launcher import LaunchOptions, launch
+def run(args: list[str], task: TaskConfig | None) -> int:
+  from tfdist.cli.flags import grpc_port
+  from tfdist.launch.launcher import LaunchOptions, dry_run, launch
   from tfdist.exit_codes import OK
 
   if not args:
     raise SystemExit(f"usage: {USAGE}")
   options = LaunchOptions(
-      task=task, backend=_backend(), port=FLAGS.port,
-      dry_run=FLAGS["dry-run"].value, fresh=FLAGS.fresh,
+      task=task, backend=_backend(), grpc_port=grpc_port("launch"), fresh=FLAGS.fresh,
       max_restarts=FLAGS["max-restarts"].value, startup_timeout=FLAGS["startup-timeout"].value,
       heartbeat_timeout=FLAGS["heartbeat-timeout"].value,
       hang_timeout=FLAGS["hang-timeout"].value,
       grace_period=FLAGS["grace-period"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
       tensorboard=FLAGS.tensorboard)
-  result = launch(args[0], args[1:], options)
-  if options.dry_run:
-    print(result.describe())
-    return 0
-  if result.code == OK and FLAGS["keep-alive"].value:
+  if FLAGS["dry-run"].value:
+    print(dry_run(args[0], args[1:], options).describe())
+    return OK
+  outcome = launch(args[0], args[1:], options)
+  if outcome.code == OK and FLAGS["keep-alive"].value:
     _wait_until_stopped()
-  return result.code
+  return outcome.code
 
 
 def _backend() -> str:

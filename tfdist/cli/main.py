@@ -12,18 +12,21 @@ import sys
 
 from absl import app, flags, logging
 
-from tfdist.cli import (check, cluster_server, env, estimate, export, launch, model_server,
-                        tensorboard)
+from tfdist.cli import (check, cluster_server, env, estimate, export, launch, model_export,
+                        model_server, tensorboard)
 from tfdist.cli.flags import define_flags, flags_help
+from tfdist.config.loader import parse_task_flag
 from tfdist.errors import TfdistError
 from tfdist.exit_codes import SIGNALLED, USAGE
 from tfdist.machine import banners
 
-IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "estimate", "cluster-server"}
+IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "model-export", "estimate",
+                         "cluster-server"}
 COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server, "export": export,
             "tensorboard": tensorboard, "env": env, "estimate": estimate,
-            "model-server": model_server}
-RENAMED = {"serve": "cluster-server", "plan": "estimate"}
+            "model-server": model_server, "model-export": model_export}
+RENAMED = {("serve",): "cluster-server", ("plan",): "estimate",
+           ("export", "serving"): "model-export"}
 """Old spellings, kept for this release (0.1) with a notice; gone in the next."""
 
 
@@ -33,11 +36,11 @@ SUMMARIES = (
     ("env", "this machine's facts for a bug report; with a config, every task's"),
     ("estimate", "memory per device under data parallelism and a split, what fits, and\n"
                  "all-reduce time from 2 to 512 devices"),
-    ("export", "an sbatch script or Kubernetes manifests for the cluster, or a SavedModel\n"
-               "for TensorFlow Serving"),
+    ("export", "an sbatch script or Kubernetes manifests for the cluster"),
     ("tensorboard", "TensorBoard on a run's logs, on 127.0.0.1"),
     ("cluster-server", "a worker or ps server of a parameter-server cluster"),
     ("model-server", "a .keras file or SavedModel over HTTP (TF Serving's REST), batched"),
+    ("model-export", "a .keras file as a SavedModel for TensorFlow Serving, with batching"),
 )
 HELP = ("tfdist: train Keras models under tf.distribute strategies from one YAML config.\n\n"
         "commands:\n" +
@@ -85,8 +88,9 @@ def run(argv: list[str]) -> int:
   quiet = banners.stderr_without_banners() if argv[1] in IN_PROCESS_TENSORFLOW else \
       contextlib.nullcontext()
   try:
+    task = parse_task_flag(flags.FLAGS.task) if flags.FLAGS.task else None
     with quiet:
-      return COMMANDS[argv[1]].run(argv[2:], task=flags.FLAGS.task)
+      return COMMANDS[argv[1]].run(argv[2:], task=task)
   except TfdistError as e:
     print(f"tfdist {argv[1]}: {e}", file=sys.stderr)
     return USAGE
@@ -94,11 +98,11 @@ def run(argv: list[str]) -> int:
 
 def renamed(argv: list[str]) -> list[str]:
   """`argv` with an old command spelling replaced by its new name, and a one-line notice."""
-  if len(argv) > 1 and argv[1] in RENAMED:
-    new = RENAMED[argv[1]]
-    print(f"tfdist: `tfdist {argv[1]}` is now `tfdist {new}`; the old name goes in the next "
-          "release", file=sys.stderr)
-    return [argv[0], new, *argv[2:]]
+  for old, new in RENAMED.items():
+    if tuple(argv[1:1 + len(old)]) == old:
+      print(f"tfdist: `tfdist {' '.join(old)}` is now `tfdist {new}`; the old name goes in the "
+            "next release", file=sys.stderr)
+      return [argv[0], new, *argv[1 + len(old):]]
   return argv
 
 

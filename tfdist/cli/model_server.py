@@ -11,6 +11,7 @@ import signal
 
 from absl import flags
 
+from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError, MissingExtraError
 
 USAGE = ("tfdist model-server MODEL --name NAME [--port P] [--host H] [--max-batch-size N] "
@@ -18,7 +19,7 @@ USAGE = ("tfdist model-server MODEL --name NAME [--port P] [--host H] [--max-bat
 FLAGS = flags.FLAGS
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   del task
   if len(args) != 1:
     raise SystemExit(f"usage: {USAGE}")

@@ -1,6 +1,6 @@
 """The model a command serves or exports, found on disk before TensorFlow is imported (so a
 wrong path is one line on stderr, not a TensorFlow traceback): `tfdist model-server` and
-`tfdist export serving` take the same MODEL argument."""
+`tfdist model-export` take the same MODEL argument."""
 
 from __future__ import annotations
 

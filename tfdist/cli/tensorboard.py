@@ -8,12 +8,14 @@ import signal
 
 from absl import flags
 
+from tfdist.config.schema import TaskConfig
+
 
 USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
 FLAGS = flags.FLAGS
 
 
-def run(args: list[str], task: str | None) -> int:
+def run(args: list[str], task: TaskConfig | None) -> int:
   from tfdist.monitoring.tensorboard_server import required_log_dir, start_tensorboard
 
   del task

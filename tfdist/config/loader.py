@@ -48,7 +48,8 @@ _TF_CONFIG_EXTRAS = ("environment", "rpc_layer")
 _BOOLEAN_HINT = ("YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the value")
 
 
-def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str | None = None,
+def load_config(source: str | os.PathLike | Mapping | None = None, *,
+                task: TaskConfig | str | None = None,
                 environ: Mapping[str, str] | None = None) -> Config:
   """Loads and validates a config.
 
@@ -56,7 +57,8 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str 
     source: a YAML or TF_CONFIG-JSON file path, or a mapping of the same shape. None reads the
       file named by `$TFDIST_CONFIG`, else makes the config from `$TF_CONFIG` alone, else gives
       the default (one device).
-    task: `TYPE:INDEX`, overriding the file's and TF_CONFIG's task.
+    task: the task this process runs, overriding the file's and TF_CONFIG's: a `TaskConfig`
+      or its `TYPE:INDEX` spelling (`"worker:1"`, as `--task` gives it).
     environ: the environment to read TF_CONFIG from; defaults to `os.environ`.
 
   Returns:
@@ -88,7 +90,9 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *, task: str 
     except ConfigError as e:
       raise e.from_source("TF_CONFIG") from None
   if task is not None:
-    config = dataclasses.replace(config, task=parse_task_flag(task))
+    if isinstance(task, str):
+      task = parse_task_flag(task)
+    config = dataclasses.replace(config, task=task)
   config = rules.infer_strategy(config)
   rules.check(config)
   return config

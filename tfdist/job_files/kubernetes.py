@@ -53,7 +53,7 @@ def job_name(text: str) -> str:
 
 
 def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
-              namespace: str = "default", port: int = DEFAULT_PORT, kind: str = "jobset",
+              namespace: str = "default", grpc_port: int = DEFAULT_PORT, kind: str = "jobset",
               volume_claim: str | None = None, max_restarts: int = 0) -> list[dict]:
   """The documents to `kubectl apply` for `config`'s cluster.
 
@@ -65,7 +65,7 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
       `tfdist/job: <name>`.
     image: the container image holding tfdist and the training script.
     namespace: the namespace the documents go to (it is part of every address).
-    port: every task's server port.
+    grpc_port: the port every task's TensorFlow server (gRPC) listens on.
     kind: `jobset` (the default), `tfjob` (Kubeflow training operator v1) or `statefulset`.
     volume_claim: a ReadWriteMany PersistentVolumeClaim mounted where the config's checkpoint
       and TensorBoard directories are; required when the config has either.
@@ -107,10 +107,10 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
   storage = storage_mount(config, volume_claim)
   if kind == "jobset":
     return _jobset(config, list(command), name=name, image=image, namespace=namespace,
-                   port=port, storage=storage, max_restarts=max_restarts)
+                   grpc_port=grpc_port, storage=storage, max_restarts=max_restarts)
   build = _tfjob if kind == "tfjob" else _statefulsets
-  return build(config, list(command), name=name, image=image, namespace=namespace, port=port,
-               storage=storage)
+  return build(config, list(command), name=name, image=image, namespace=namespace,
+               grpc_port=grpc_port, storage=storage)
 
 
 def storage_mount(config: Config, volume_claim: str | None) -> dict | None:
@@ -177,7 +177,7 @@ def _pod_spec(container: dict, name: str, storage: dict | None) -> dict:
   return {"containers": [{**container, "volumeMounts": mounts}], "volumes": volumes}
 
 
-def _tfjob(config, command, *, name, image, namespace, port, storage) -> list[dict]:
+def _tfjob(config, command, *, name, image, namespace, grpc_port, storage) -> list[dict]:
   counts_only = dataclasses.replace(config.cluster, addresses=None)
   replicas = {}
   for job in config.cluster.jobs:
@@ -186,7 +186,7 @@ def _tfjob(config, command, *, name, image, namespace, port, storage) -> list[di
     container = {"name": "tensorflow",  # The name the training operator gives TF_CONFIG to.
                  "image": image, "command": argv,
                  "env": [{"name": CONFIG_ENV, "value": CONFIG_PATH}],
-                 "ports": [{"name": "tfjob-port", "containerPort": port}]}
+                 "ports": [{"name": "tfjob-port", "containerPort": grpc_port}]}
     replicas[_TFJOB_TYPES[job]] = {
         "replicas": config.cluster.count(job), "restartPolicy": "OnFailure",
         "template": {"metadata": {"labels": _labels(name, job)},
@@ -199,14 +199,14 @@ def _tfjob(config, command, *, name, image, namespace, port, storage) -> list[di
   return [_config_map(dataclasses.replace(config, cluster=counts_only), name, namespace), job]
 
 
-def pod_address(name: str, job: str, index: int, namespace: str, port: int) -> str:
+def pod_address(name: str, job: str, index: int, namespace: str, grpc_port: int) -> str:
   """The DNS address of a StatefulSet pod: `<pod>.<service>.<namespace>.svc:<port>`."""
-  return f"{name}-{job}-{index}.{name}-{job}.{namespace}.svc:{port}"
+  return f"{name}-{job}-{index}.{name}-{job}.{namespace}.svc:{grpc_port}"
 
 
-def _statefulsets(config, command, *, name, image, namespace, port, storage) -> list[dict]:
+def _statefulsets(config, command, *, name, image, namespace, grpc_port, storage) -> list[dict]:
   cluster = config.cluster
-  addresses = {job: tuple(pod_address(name, job, i, namespace, port)
+  addresses = {job: tuple(pod_address(name, job, i, namespace, grpc_port)
                           for i in range(cluster.count(job))) for job in cluster.jobs}
   documents = [_config_map(dataclasses.replace(
       config, cluster=dataclasses.replace(cluster, addresses=addresses)), name, namespace)]
@@ -221,7 +221,7 @@ def _statefulsets(config, command, *, name, image, namespace, port, storage) -> 
         "env": [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}},
                 {"name": JOB_ID_ENV, "value": name}],  # The run's name (launch's logs).
-        "ports": [{"name": "grpc", "containerPort": port}]}
+        "ports": [{"name": "grpc", "containerPort": grpc_port}]}
     service = f"{name}-{job}"
     if job != "evaluator":  # It serves nothing.
       documents.append({
@@ -229,7 +229,8 @@ def _statefulsets(config, command, *, name, image, namespace, port, storage) -> 
           "metadata": {"name": service, "namespace": namespace, "labels": _labels(name, job)},
           # Headless, and published before pods are ready: peers dial each other at start-up.
           "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                   "selector": _labels(name, job), "ports": [{"name": "grpc", "port": port}]}})
+                   "selector": _labels(name, job),
+                   "ports": [{"name": "grpc", "port": grpc_port}]}})
     documents.append({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": service, "namespace": namespace, "labels": _labels(name, job)},
@@ -246,10 +247,10 @@ GRACE_SECONDS = 30
 """The pods' termination grace period; the launcher in each gives its task 5 s less to save."""
 
 
-def _jobset(config, command, *, name, image, namespace, port, storage,
+def _jobset(config, command, *, name, image, namespace, grpc_port, storage,
             max_restarts) -> list[dict]:
   cluster = config.cluster
-  addresses = {job: tuple(f"{name}-{job}-0-{i}.{name}.{namespace}.svc:{port}"
+  addresses = {job: tuple(f"{name}-{job}-0-{i}.{name}.{namespace}.svc:{grpc_port}"
                           for i in range(cluster.count(job))) for job in cluster.jobs}
   documents = [_config_map(dataclasses.replace(
       config, cluster=dataclasses.replace(cluster, addresses=addresses)), name, namespace)]
@@ -264,7 +265,7 @@ def _jobset(config, command, *, name, image, namespace, port, storage,
                 # The run's name: the JobSet's, the same after it restarts the set.
                 {"name": JOB_ID_ENV, "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}}}],
-        "ports": [{"name": "grpc", "containerPort": port}]}
+        "ports": [{"name": "grpc", "containerPort": grpc_port}]}
     pod = {**_pod_spec(container, name, storage), "restartPolicy": "Never",
            "terminationGracePeriodSeconds": GRACE_SECONDS}
     count = cluster.count(job)

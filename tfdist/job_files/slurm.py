@@ -1,5 +1,5 @@
-"""Slurm: the sbatch script of a config. Each srun task it starts runs `tfdist launch --backend slurm`,
-whose backend (`tfdist.launch.backends.slurm`) reads the task's cluster from Slurm's
+"""Slurm: the sbatch script of a config. Each srun task it starts runs `tfdist launch
+--backend slurm`, whose backend (`tfdist.launch.backends.slurm`) reads the task's cluster from Slurm's
 environment and writes the root cause's exit code to `EXIT_FILE` for the script to return.
 """
 
@@ -18,7 +18,7 @@ from tfdist.launch.plan import require_command
 
 
 def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, job_name: str,
-                  nodes: int | None = None, port: int | None = None, gpus_per_task: int = 0,
+                  nodes: int | None = None, grpc_port: int | None = None, gpus_per_task: int = 0,
                   cpus_per_task: int = 1, notice: int = 90,
                   python: str = sys.executable) -> str:
   """The sbatch script that runs every task of `config` as one srun task.
@@ -29,7 +29,8 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
     command: the user's training command.
     job_name: Slurm's job name (also names the output file).
     nodes: nodes to spread the tasks over; None puts each task on a node of its own.
-    port: the first port of the tasks on each node; None gives each job its own.
+    grpc_port: the first port of the tasks' TensorFlow servers on each node; None gives
+      each job its own.
     gpus_per_task: GPUs Slurm binds to each task (0: none requested).
     cpus_per_task: CPUs Slurm gives each task (sites binding tasks to CPUs give one otherwise).
     notice: seconds before the time limit at which Slurm sends the tasks the config's
@@ -71,8 +72,8 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   # The launcher gives a task most of the notice to save its backup before killing it.
   grace = max(notice - 10, 5) if notice else 25  # Slurm's KillWait: 30 s by default.
   launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--backend", "slurm",
-            *(["--port", str(port)] if port else []), "--grace-period", str(grace), "--",
-            *command]
+            *(["--grpc-port", str(grpc_port)] if grpc_port else []),
+            "--grace-period", str(grace), "--", *command]
   lines += [
       "set -uo pipefail",
       "# Each task takes its role and its peers' addresses from Slurm's environment.",

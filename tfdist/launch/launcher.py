@@ -18,9 +18,13 @@ import os
 import secrets
 import sys
 import time
+import warnings
 from typing import Mapping, Sequence
 
 from tfdist.config import load_config
+from tfdist.config.loader import parse_task_flag
+from tfdist.config.schema import TaskConfig
+from tfdist.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +32,14 @@ class LaunchOptions:
   """How to launch, as `tfdist launch`'s flags say it.
 
   Attributes:
-    task: this host's task as TYPE:INDEX (one role of a real cluster); None runs every task.
+    task: this host's task (one role of a real cluster), a `TaskConfig` or its TYPE:INDEX
+      spelling (`"worker:1"`, as `--task` gives it; parsed here); None runs every task.
     backend: "local", "slurm", "ray", or a backend module (`tfdist.launch.backends`).
-    port: the first port on each node (Slurm); None lets the backend choose.
-    dry_run: make and return the plan; start nothing.
+    grpc_port: the port of the tasks' TensorFlow servers (Slurm: the first on each node,
+      tasks sharing a node counting up); None lets the backend choose. Only the Slurm
+      backend reads it: the others refuse it.
+    dry_run: the old way to ask for the plan (use `dry_run(...)`): `launch` then returns the
+      plan, with a DeprecationWarning; gone in the next release.
     fresh: start training over instead of resuming from an earlier run's backup.
     max_restarts: restarts after a failure (the synchronous cluster, or a parameter-server
       worker alone) or a preemption.
@@ -43,19 +51,20 @@ class LaunchOptions:
     logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
     verbose: show every task's output, not only the chief's.
     tensorboard: start TensorBoard on the config's log directory beside the cluster.
+    port: the old name of `grpc_port`, kept for this release (0.1) with a DeprecationWarning.
 
   Example:
 
   ```python
-  from tfdist.launch import LaunchOptions, launch
-  plan = launch("configs/multi_worker_mirrored.yaml", ["python", "train.py"],
-                LaunchOptions(dry_run=True))
+  from tfdist.launch import LaunchOptions, dry_run
+  options = LaunchOptions(max_restarts=2, grace_period=10, verbose=True)
+  plan = dry_run("configs/multi_worker_mirrored.yaml", ["python", "train.py"], options)
   print(plan.describe())   # each task's command, TF_CONFIG and log, nothing started
   ```
   """
-  task: str | None = None
+  task: TaskConfig | str | None = None
   backend: object = "local"
-  port: int | None = None
+  grpc_port: int | None = None
   dry_run: bool = False
   fresh: bool = False
   max_restarts: int = 0
@@ -66,6 +75,18 @@ class LaunchOptions:
   logs: str | None = None
   verbose: bool = False
   tensorboard: bool = False
+  port: dataclasses.InitVar[int | None] = None
+
+  def __post_init__(self, port: int | None) -> None:
+    if port is not None:
+      if self.grpc_port is not None and self.grpc_port != port:
+        raise ConfigError("give grpc_port alone (port is its old name)", key="port",
+                          received=port)
+      warnings.warn("LaunchOptions(port=...) is now LaunchOptions(grpc_port=...); the old name "
+                    "goes in the next release", DeprecationWarning, stacklevel=3)
+      object.__setattr__(self, "grpc_port", port)
+    if isinstance(self.task, str):
+      object.__setattr__(self, "task", parse_task_flag(self.task))
 
 
 def launch(config_path: str, command: Sequence[str], options: LaunchOptions = LaunchOptions(),
@@ -79,7 +100,7 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
     environ: the environment a backend discovers the cluster from.
 
   Returns:
-    The `supervisor.Outcome` (exit code and reason); with `dry_run`, the `plan.LaunchPlan`.
+    The `supervisor.Outcome`: its exit code (`tfdist.exit_codes`) and reason.
 
   Raises:
     ConfigError: a bad config, task or command, found before anything starts.
@@ -95,6 +116,40 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
   print(outcome.code, outcome.message)   # 0 every task ended 0
   ```
   """
+  if options.dry_run:
+    warnings.warn("launch(..., LaunchOptions(dry_run=True)) is now dry_run(...); the old way "
+                  "goes in the next release", DeprecationWarning, stacklevel=2)
+  return _launch(config_path, command, options, environ, plan_only=options.dry_run)
+
+
+def dry_run(config_path: str, command: Sequence[str], options: LaunchOptions = LaunchOptions(),
+            environ: Mapping[str, str] = os.environ):
+  """The plan `launch` would start, made and checked as `launch` makes it; nothing starts.
+
+  Args:
+    config_path: the config file.
+    command: the training command each training task would run.
+    options: the launch's options.
+    environ: the environment a backend discovers the cluster from.
+
+  Returns:
+    The `plan.LaunchPlan`: each process's command, environment (TF_CONFIG) and log.
+
+  Raises:
+    ConfigError: a bad config, task or command.
+
+  Example:
+
+  ```python
+  from tfdist.launch import dry_run
+  plan = dry_run("configs/multi_worker_mirrored.yaml", ["python", "train.py"])
+  print(plan.describe())   # each task's command, TF_CONFIG and log
+  ```
+  """
+  return _launch(config_path, command, options, environ, plan_only=True)
+
+
+def _launch(config_path, command, options, environ, plan_only: bool):
   from tfdist.launch import backends, plan, supervisor
   from tfdist.machine import ports
   from tfdist.machine import facts
@@ -132,7 +187,7 @@ def launch(config_path: str, command: Sequence[str], options: LaunchOptions = La
       print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
             "have no authentication: run the cluster on a trusted, private network",
             file=sys.stderr)
-    if options.dry_run:
+    if plan_only:
       return first
     if options.tensorboard:
       stack.callback(_start_tensorboard(config))  # Stopped with the launch.

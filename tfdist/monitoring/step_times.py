@@ -113,15 +113,17 @@ class StepClock:
     return [1000 * s / max(steps, 1.0) for s in seconds]
 
 
-def gathered(strategy, mine: list[float], task: str, gather=None) -> dict[str, list[float]]:
-  """{task: its `mine`} of every worker (all workers call this together: under
-  MultiWorkerMirrored it is a collective). `task` is "chief-0" or "worker-N"; `gather`, the
-  `tf.function` of `strategy.gather` to reuse (see `StepTimes`)."""
-  kind, _, index = task.rpartition("-")
+def gathered(strategy, mine: list[float], task_name: str,
+             gather=None) -> dict[str, list[float]]:
+  """{task name: its `mine`} of every worker (all workers call this together: under
+  MultiWorkerMirrored it is a collective). `task_name` is "chief-0" or "worker-N" (a
+  `TaskConfig.name`); `gather`, the `tf.function` of `strategy.gather` to reuse (see
+  `StepTimes`)."""
+  kind, _, index = task_name.rpartition("-")
   row = tf.constant([[*mine, int(index) if kind == "worker" else -1]], tf.float64)
   local = strategy.experimental_distribute_values_from_function(lambda _: row)
   rows = (gather or _gather_function(strategy))(local).numpy().tolist()
-  chief = task if kind != "worker" else "chief-0"
+  chief = task_name if kind != "worker" else "chief-0"
   # Several local replicas give the same row.
   return {(chief if number < 0 else f"worker-{int(number)}"): values
           for *values, number in rows}
@@ -151,14 +153,14 @@ class Stragglers:
 
 def straggler(rows: dict[str, list[float]]) -> tuple[str | None, float]:
   """(the straggler's name or None, the ratio of the slowest task's input+compute time to the
-  median of all tasks'), from {task: [input, compute, collective]}. Pure.
+  median of all tasks'), from {task name: [input, compute, collective]}. Pure.
 
   >>> straggler({"worker-0": [0, 5, 60], "worker-1": [55, 5, 2]})
   ('worker-1', 1.8461538461538463)
   """
   if len(rows) < 2:
     return None, 1.0
-  busy = {task: values[0] + values[1] for task, values in rows.items()}
+  busy = {name: values[0] + values[1] for name, values in rows.items()}
   slowest = max(busy, key=busy.get)
   median = statistics.median(busy.values())
   ratio = busy[slowest] / median if median > 0 else 1.0
@@ -183,12 +185,12 @@ class StepTimes:
   Args:
     clock: the `StepClock` timing this task's steps.
     strategy: the strategy the steps run under (gathers every worker's split).
-    task: this task's name.
+    task_name: this task's name ("worker-1", a `TaskConfig.name`).
     chief: whether this task writes the straggler's scalars and line.
   """
 
-  def __init__(self, clock: StepClock, strategy, task: str, chief: bool):
-    self.clock, self.strategy, self.task, self.chief = clock, strategy, task, chief
+  def __init__(self, clock: StepClock, strategy, task_name: str, chief: bool):
+    self.clock, self.strategy, self.task_name, self.chief = clock, strategy, task_name, chief
     self.stragglers = Stragglers()
     self._gather = _gather_function(strategy)
 
@@ -200,7 +202,7 @@ class StepTimes:
     mine = self.clock.take()
     for part, milliseconds in zip(PARTS, mine):
       tf.summary.scalar(f"epoch_{part}_ms", milliseconds, step=epoch)
-    rows = gathered(self.strategy, mine, self.task, self._gather)
+    rows = gathered(self.strategy, mine, self.task_name, self._gather)
     if not self.chief:
       return
     line, ratio, named = self.stragglers.line(rows)

@@ -46,7 +46,7 @@ class ServedModel:
       if not getattr(self._keras, "inputs", None):
         raise ValueError("a served Keras model needs known inputs (Sequential with an Input, or "
                          "functional); save a subclassed model as a SavedModel with "
-                         f"`tfdist export serving`. Received: {type(self._keras).__name__}")
+                         f"`tfdist model-export`. Received: {type(self._keras).__name__}")
       self.inputs = [TensorInfo(t.name, tuple(t.shape[1:]), _dtype(t.dtype))
                      for t in self._keras.inputs]
       # Keras names a functional model's outputs; a Sequential's is its last layer's name.

@@ -1,4 +1,4 @@
-"""`tfdist export serving MODEL OUT_DIR`: a SavedModel for TensorFlow Serving (or
+"""`tfdist model-export MODEL OUT_DIR`: a SavedModel for TensorFlow Serving (or
 `tfdist model-server`) with stable input and output names, and the matching
 `batching_parameters.txt`, checked by loading it back.
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 def export_for_serving(model, out_dir: str, *, max_batch_size: int = 32,
                        max_wait_ms: float = 2.0, tolerance: float = 1e-5) -> str:
-  """Writes a SavedModel for TensorFlow Serving (`tfdist export serving`), with the batching
+  """Writes a SavedModel for TensorFlow Serving (`tfdist model-export`), with the batching
   parameters that batch as tfdist's `BatchingPredictor` does, and checks it reloads to the same
   outputs.
 

@@ -71,10 +71,10 @@ def _save_aside(method, config: Config, filepath, *args, **kwargs):
     return method(os.path.join(scratch, os.path.basename(os.fspath(filepath))), *args, **kwargs)
 
 
-def _redirected(callback, scratch: str, task: str):
-  """The callback writing into `scratch` (or, for a backup, into a directory of `task`'s own)."""
+def _redirected(callback, scratch: str, task_name: str):
+  """The callback writing into `scratch` (or, for a backup, into a directory of its task's own)."""
   if isinstance(callback, keras.callbacks.BackupAndRestore):
-    backup_dir = f"{os.fspath(callback.backup_dir).rstrip(os.sep)}-{task}"
+    backup_dir = f"{os.fspath(callback.backup_dir).rstrip(os.sep)}-{task_name}"
     callback.__init__(backup_dir, save_freq=callback.save_freq,
                       double_checkpoint=callback.double_checkpoint,
                       delete_checkpoint=callback.delete_checkpoint)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from typing import Mapping
 
-from tfdist.config.loader import parse_task_flag
+from tfdist.errors import ConfigError
 from tfdist.machine import children
 from tfdist.launch.backends import Discovery
 
@@ -15,10 +15,18 @@ NAME = "local"
 
 
 def discover(config, options, environ: Mapping[str, str]) -> Discovery:
-  """The config as it is, and `options.task` (a TYPE:INDEX string) when it names one."""
+  """The config as it is, and `options.task` when it names one.
+
+  Raises:
+    ConfigError: `options.grpc_port` is given: a cluster by counts gets free ports, and a
+      cluster by addresses has its own.
+  """
   del environ
-  task = parse_task_flag(options.task, config.source) if options.task else None
-  return Discovery(config, task)
+  if options.grpc_port is not None:
+    raise ConfigError("a local launch takes free ports, or the ports of the cluster's "
+                      "addresses; leave it out (it is for --backend slurm and export)",
+                      key="--grpc-port", received=options.grpc_port)
+  return Discovery(config, options.task)
 
 
 def start(process) -> subprocess.Popen:

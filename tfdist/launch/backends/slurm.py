@@ -7,7 +7,7 @@ names as text, so `node[9-10]` gave rank 0 on node9 the address of node10): rank
 node by node (block distribution), ports counted up from the job's port on each node, and the
 ranks handed to the jobs in the order chief, evaluator, ps, worker.
 
-Each job gets its own ports unless `--port` says otherwise (two jobs sharing a node both on
+Each job gets its own ports unless `--grpc-port` says otherwise (two jobs sharing a node both on
 2222 fail: "Could not start gRPC server"); the job's exit code is its root cause's, which the
 first failing task writes to `tfdist-<job id>.exit` for the batch script to return.
 """
@@ -34,7 +34,10 @@ start = local.start  # Slurm started this process; its task runs as a local chil
 def discover(config: Config, options, environ: Mapping[str, str]) -> Discovery:
   """This srun task's cluster (addresses from Slurm's nodes) and task, and its place among the
   host's GPU tasks (`SLURM_LOCALID`)."""
-  config = cluster_from_slurm(config, options.port, environ)
+  if options.task is not None:
+    raise ConfigError("Slurm gives each srun task its role; leave --task out", key="--task",
+                      received=str(options.task))
+  config = cluster_from_slurm(config, options.grpc_port, environ)
   return Discovery(config, config.task, gpus.slurm_local_task(environ))
 
 
@@ -89,7 +92,7 @@ def job_port(job_id: str | None, base: int = 20000, stride: int = 16, room: int 
   return base + (int(job_id or 0) * stride) % room
 
 
-def slurm_cluster(counts: dict[str, int], environ: Mapping[str, str], port: int):
+def slurm_cluster(counts: dict[str, int], environ: Mapping[str, str], grpc_port: int):
   """(addresses by job, this rank's task) from an srun task's environment. Pure.
 
   Raises:
@@ -102,7 +105,8 @@ def slurm_cluster(counts: dict[str, int], environ: Mapping[str, str], port: int)
   per_node = tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
   if len(per_node) != len(hosts):
     raise ValueError(f"{len(hosts)} node(s) but tasks per node for {len(per_node)}")
-  ranks = [f"{host}:{port + local}" for host, n in zip(hosts, per_node) for local in range(n)]
+  ranks = [f"{host}:{grpc_port + local}"
+           for host, n in zip(hosts, per_node) for local in range(n)]
   wanted = sum(counts.values())
   if len(ranks) != wanted:
     raise ValueError(f"Requested {wanted} tasks but only {len(ranks)} were assigned")
@@ -114,13 +118,14 @@ def slurm_cluster(counts: dict[str, int], environ: Mapping[str, str], port: int)
   return addresses, tasks[int(environ["SLURM_PROCID"])]
 
 
-def cluster_from_slurm(config: Config, port: int | None = None,
+def cluster_from_slurm(config: Config, grpc_port: int | None = None,
                        environ: Mapping[str, str] = os.environ) -> Config:
   """`config` with the addresses and the task of this srun task, from Slurm's environment.
 
   Args:
     config: the validated config; its cluster gives the task counts.
-    port: the first port on each node; None takes the job's own (`job_port`).
+    grpc_port: the first port of the tasks' servers on each node; None takes the job's own
+      (`job_port`).
     environ: the srun task's environment.
 
   Raises:
@@ -128,9 +133,9 @@ def cluster_from_slurm(config: Config, port: int | None = None,
       the config's cluster.
   """
   tasks = len(config.cluster.tasks())
-  port = port or job_port(environ.get("SLURM_JOB_ID"))
+  grpc_port = grpc_port or job_port(environ.get("SLURM_JOB_ID"))
   try:
-    addresses, task = slurm_cluster(config.cluster.counts(), environ, port)
+    addresses, task = slurm_cluster(config.cluster.counts(), environ, grpc_port)
   except (ValueError, IndexError) as e:
     raise ConfigError(f"needs the environment of an srun task of {tasks} task(s): {e}",
                       key="--backend slurm",
