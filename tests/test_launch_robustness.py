@@ -74,6 +74,38 @@ def test_a_closed_stdout_does_not_stop_the_launch_and_the_logs_are_plain_text(wr
   assert not re.search(rb"[\x1b\x08\r]", log)
 
 
+def test_a_redrawn_progress_line_shows_and_logs_as_a_terminal_leaves_it(write_config,
+                                                                          tmp_path):
+  """Keras's progress bar redraws its line with carriage returns: a pipe and the log get the
+  last redraw, not every redraw run together ("loss: 0.3116/16 ...")."""
+  from tfdist.launch.liveness import last_redraw, plain_text
+  assert last_redraw(b"\r 8/16 loss: 0.31\r16/16 loss: 0.28\r\n") == b"16/16 loss: 0.28\n"
+  assert plain_text(b"\r\x1b[1m8/16\x1b[0m\r\x1b[1m16/16\x1b[0m - 2s\n") == b"16/16 - 2s\n"
+  assert last_redraw(b"no redraw") == b"no redraw"
+  assert plain_text(b"\x1b[1mPID 7\x1b[0m\r\x08\n") == b"PID 7\n"  # Nothing redrawn over it.
+  path = write_config("strategy: default\n")
+  launcher = start_launch(str(path), "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          "-c", "print('\\r 8/16 loss: 0.31\\r\\x1b[1m16/16\\x1b[0m loss: 0.28'); "
+                          "print('done')")
+  output = finish(launcher, 60, [])
+  assert launcher.returncode == 0, output
+  assert "[local] 16/16 loss: 0.28\n[local] done\n" in output, output
+  assert not re.search(r"\[local\].*0\.31", output), output
+  log = (tmp_path / "logs" / "local.log").read_bytes()
+  assert log.endswith(b"16/16 loss: 0.28\ndone\n"), log
+  # On a terminal the bar stays live, each redraw keeping the task's prefix.
+  import io
+  from tfdist.launch.supervisor import Supervisor
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  terminal = Supervisor(lambda: None, out=Terminal())
+  assert terminal._redrawn(b"\r 8/16\r16/16\n", "worker-0") == \
+      b"\r[worker-0]  8/16\r[worker-0] 16/16\n"
+
+
 def test_sighup_stops_the_cluster_like_sigterm(write_config, tmp_path):
   seen = []
   launcher = launch_steps(write_config, tmp_path)

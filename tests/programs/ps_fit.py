@@ -1,9 +1,14 @@
 """The script of a parameter-server cluster's chief (and evaluator): tfdist.fit of a linear
-regression on generated data; prints the history and the optimizer's update count as JSON."""
+regression on generated data; prints the history and the optimizer's update count as JSON.
+With TRAIN_STEP=guide the model is a keras.Model with its own train_step, as Keras's guide
+"Customizing what happens in fit()" writes one (its logs nest the compiled metrics)."""
 
 import json
+import os
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 import tfdist
 
@@ -15,14 +20,30 @@ def data(seed, count):
   return x, y
 
 
+class GuideModel(keras.Model):
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+
 def make_model():
-  import keras
-  return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+  if os.environ.get("TRAIN_STEP") != "guide":
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+  inputs = keras.Input((8,))
+  return GuideModel(inputs, keras.layers.Dense(1)(inputs))
 
 
 def main():
-  import keras
-
   config = tfdist.load_config()
   x, y = data(0, 2048)
   history = tfdist.fit(make_model, x, y, config=config, validation_data=data(1, 256),
@@ -45,7 +66,6 @@ def workers_running_steps(strategy, seconds=60):
   starting when training ends): each worker's dataset holds the time it was made, so the
   distinct values the functions return count the workers that ran them."""
   import time
-  import tensorflow as tf
 
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # fit's, reused.
   made_at = iter(coordinator.create_per_worker_dataset(

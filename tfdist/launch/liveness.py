@@ -31,9 +31,23 @@ thread-dump signal, never forwarded as a stop or preemption notice."""
 _CONTROL = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|[\x08\x0d]")
 
 
+def last_redraw(raw: bytes) -> bytes:
+  """A line of task output as a terminal leaves it: only the last redraw after a carriage
+  return that shows something (Keras's progress bar redraws its whole line at each update,
+  padded to the longest). Pure.
+
+  >>> last_redraw(b"\\r 8/16 loss: 0.31\\r16/16 loss: 0.28\\n")
+  b'16/16 loss: 0.28\\n'
+  """
+  body, newline = (raw[:-1], b"\n") if raw.endswith(b"\n") else (raw, b"")
+  shown = [part for part in body.split(b"\r") if _CONTROL.sub(b"", part).strip()]
+  return (shown[-1] if shown else body) + newline
+
+
 def plain_text(raw: bytes) -> bytes:
-  """A line of task output without terminal control sequences, for the log file."""
-  return _CONTROL.sub(b"", raw)
+  """A line of task output for the log file: its last redraw, without terminal control
+  sequences (colours, cursor moves)."""
+  return _CONTROL.sub(b"", last_redraw(raw))
 
 
 def start_from_environment(environ: MutableMapping[str, str] = os.environ) -> bool:

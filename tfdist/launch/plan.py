@@ -205,8 +205,8 @@ def require_command(command: Sequence[str], cli: str) -> None:
 
 
 def runs_server(config: Config, job: str) -> bool:
-  """True for the tasks that run `tfdist cluster-server` instead of the user's command: the workers and
-  ps of a parameter-server cluster."""
+  """True for the tasks that run `tfdist cluster-server` instead of the user's command: the
+  workers and ps of a parameter-server cluster."""
   return strategies.kind(config.strategy.name).asynchronous and job in ("worker", "ps")
 
 

@@ -86,8 +86,8 @@ class Supervisor:
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
                max_restarts: int = 0, grace_period: float = 25, heartbeat_timeout: float = 60,
-               hang_timeout: float | None = None, verbose: bool = False, out: TextIO | None = sys.stdout,
-               on_say: Callable[[str], None] | None = None,
+               hang_timeout: float | None = None, verbose: bool = False,
+               out: TextIO | None = sys.stdout, on_say: Callable[[str], None] | None = None,
                start_process: Callable[[ProcessPlan], subprocess.Popen] | None = None):
     from tfdist.launch.backends import local
     self.make_plan = make_plan
@@ -99,6 +99,7 @@ class Supervisor:
     self.hang_timeout = hang_timeout
     self.verbose = verbose
     self.out = out
+    self._terminal = bool(out is not None and getattr(out, "isatty", lambda: False)())
     self.on_say = on_say
     self._lock = threading.Lock()
     self._stop_signal: int | None = None
@@ -135,7 +136,15 @@ class Supervisor:
           self._noise[name] += 1
           continue
         if shown:
-          self._write(f"[{name}] {raw.decode(errors='replace')}")
+          self._write(f"[{name}] " + self._redrawn(raw, name).decode(errors="replace"))
+
+  def _redrawn(self, raw: bytes, name: str) -> bytes:
+    """On a terminal each redraw of the line (a carriage return) keeps the task's prefix;
+    elsewhere (a pipe, a file) the line is written as its log has it: the last redraw, no
+    colours (Keras's progress bar writes both whatever its output is)."""
+    if self._terminal:
+      return re.sub(rb"\r(?!\n|$)", b"\r[" + name.encode() + b"] ", raw)
+    return liveness.plain_text(raw)
 
   # -- processes -------------------------------------------------------------------------------
 

@@ -150,7 +150,16 @@ def _round_trip_ms(variable, reads: int = 5) -> float:
 
 
 def _floats(logs) -> dict:
-  return {k: float(v) for k, v in logs.items()}
+  """`logs` as floats, nested dicts flattened as Keras's callbacks flatten them: a custom
+  `train_step` returning `{m.name: m.result() for m in self.metrics}` (Keras's guide) nests the
+  compiled metrics under "compile_metrics"."""
+  flat = {}
+  for key, value in logs.items():
+    if isinstance(value, dict):
+      flat.update(_floats(value))
+    else:
+      flat[key] = float(value)
+  return flat
 
 
 def _train_function(model, strategy, attempted):
