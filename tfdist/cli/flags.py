@@ -27,8 +27,8 @@ COMMAND_FLAGS = {
 """The flags each command reads, in the order its help lists them."""
 
 
-_METAVARS = {int: "N", float: "SECONDS"}
-_FLAG_METAVARS = {"max-wait-ms": "MS", "hang-timeout": "SECONDS"}  # Where the type cannot say.
+_METAVARS = {"int": "N", "float": "SECONDS"}
+_FLAG_METAVARS = {"max-wait-ms": "MS", "port": "PORT", "grpc-port": "PORT"}
 
 
 def described(command: str) -> list[tuple[str, str, str]]:
@@ -39,7 +39,7 @@ def described(command: str) -> list[tuple[str, str, str]]:
   for name in COMMAND_FLAGS[command]:
     flag = flags.FLAGS[name]
     value = "" if flag.boolean else " " + _FLAG_METAVARS.get(
-        name, _METAVARS.get(type(flag.default), "VALUE"))
+        name, _METAVARS.get(flag.parser.flag_type(), "VALUE"))
     default = "none" if flag.default is None else str(flag.default).lower()
     rows.append((f"--{name}{value}", default, flag.help))
   return rows
