@@ -1,7 +1,8 @@
 """`launch(config_path, command, options)`: a whole launch as a library call, the CLI's
 `tfdist launch` without its flags: the backend discovers the cluster and this host's task, the
 plan is made (and so checked) before anything starts, the supervisor starts and watches it
-with the backend's `start`, and the backend hears how it ended.
+with the backend's `start`, and the backend hears how it ended. `dry_run(...)`, the same
+arguments: the plan alone, made and checked the same way, nothing started.
 
 ```python
 from tfdist.launch import LaunchOptions, launch
