@@ -1,6 +1,7 @@
 """No task outlives its launcher, a frozen task is named as the root cause, output stays
 readable: real 2-worker clusters launched through the CLI, killed, hung up on, frozen."""
 
+import contextlib
 import os
 import re
 import signal
@@ -152,6 +153,54 @@ def test_one_host_of_a_cluster_whose_peer_never_starts_fails_by_the_deadline_nam
   assert re.search(rf"start-up deadline: (worker-0 at {worker_0}, )?worker-1 at {worker_1} did "
                    r"not come up in 15 s; stopping every task", output), output[-3000:]
   assert time.monotonic() - started < 60
+
+
+def test_a_peer_slower_than_the_heartbeat_timeout_is_named_by_the_start_up_deadline(
+    write_config, tmp_path):
+  """This host's task waits for its peer inside TensorFlow, which holds the GIL there (the
+  detector below), so its heartbeat stops: the start-up deadline, not the heartbeat, names the
+  peer. (With the defaults, 120 s and 60 s, a peer 60 s slow named the waiting task frozen.)"""
+  worker_0, worker_1 = (f"127.0.0.1:{p}" for p in free_ports(2))
+  path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
+                      "strategy: multi_worker_mirrored\n")
+  launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "25",
+                          "--heartbeat-timeout", "5", "--grace-period", "2", "--logs",
+                          str(tmp_path / "logs"), "--", sys.executable, "-c",
+                          "import tfdist, time; time.sleep(600)")
+  output = finish(launcher, 90, [])
+  assert launcher.returncode == 3, output[-3000:]
+  assert f"worker-1 at {worker_1} did not come up in 25 s" in output, output[-3000:]
+  assert "stopped making progress" not in output, output[-3000:]
+
+
+def test_tensorflow_holds_the_gil_while_a_strategy_connects():
+  """The detector of why the supervisor leaves heartbeats unjudged during start-up: when this
+  fails, TensorFlow lets other Python threads run while MultiWorkerMirroredStrategy connects,
+  and `Supervisor._watch` may judge heartbeats from the start again."""
+  process = subprocess.Popen([sys.executable, str(PROGRAMS / "gil_while_connecting.py"),
+                              *map(str, free_ports(2))], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+  try:
+    read_until(process, r"^CONNECTING", 90, [])
+    time.sleep(3)  # The strategy's own start, before it waits for worker-1.
+    _drain(process)
+    time.sleep(5)
+    after = _drain(process)
+  finally:
+    os.killpg(process.pid, signal.SIGKILL)  # TensorFlow catches SIGTERM there.
+    process.wait()
+  assert "MADE" not in after
+  assert after.count("TICK") <= 1, f"{after.count('TICK')} ticks in 5 s: the GIL is released"
+
+
+def _drain(process) -> str:
+  """What the process wrote since the last read, without waiting (read_until made its output
+  non-blocking)."""
+  chunks = []
+  with contextlib.suppress(BlockingIOError):
+    while chunk := os.read(process.stdout.fileno(), 1 << 16):
+      chunks.append(chunk)
+  return b"".join(chunks).decode()
 
 
 def test_tensorflow_start_up_noise_is_turned_down(write_config, tmp_path):

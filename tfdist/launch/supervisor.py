@@ -60,8 +60,9 @@ class Supervisor:
   cluster, so new ports can be picked).
 
   A launch's states, in order: *starting* (the plan's processes started; waiting for every
-  task's server, this host's and its peers', until `startup_timeout`: exit 3), *running* (every
-  server up; `_watch` follows exits, heartbeats, hangs and signals), *stopping* (a stop signal
+  task's server, this host's and its peers', until `startup_timeout`: exit 3; a task that exits
+  fails the launch, heartbeats are not judged), *running* (every server up; `_watch` follows
+  exits, heartbeats, hangs and signals), *stopping* (a stop signal
   forwarded to every task, SIGKILL after `grace_period`), *restarting* (`_watch` returned None:
   the cluster stopped after a failure, a hang or a preemption with restarts left, to be planned
   and started again, training resuming from its backups), *ended* (`run` returns the
@@ -244,7 +245,12 @@ class Supervisor:
         noise_said = sum(self._noise.values())
         self.say("transient reconnect messages so far (shown in the logs only): " +
                  ", ".join(f"{n} {c}" for n, c in sorted(self._noise.items())))
-      frozen = self._frozen(self.heartbeat_timeout)
+      # While a server is awaited, the tasks up are connecting their strategy to the cluster,
+      # and TensorFlow holds the GIL there: their heartbeat threads stop (a detector test in
+      # tests/test_launch_robustness.py fails once it no longer does). The start-up deadline,
+      # not the heartbeat, judges that phase.
+      starting = bool(waiting)
+      frozen = None if starting else self._frozen(self.heartbeat_timeout)
       workers = [r for r in self._running if not r.plan.serves]
       failed = next((r for r in workers if r.process.poll() not in (None, 0)), None)
       failed = failed or next((r for r in self._running if r.plan.serves and
@@ -260,7 +266,7 @@ class Supervisor:
                  "this); training resumes from the step its backup holds")
         return None
       if failed is not None or frozen is not None:
-        cause = self._frozen(_FROZEN_AFTER) or failed or frozen
+        cause = (None if starting else self._frozen(_FROZEN_AFTER)) or failed or frozen
         self._report_root_cause(cause, consequence=failed if failed is not cause else None)
         if self.restarts_left <= 0:
           self.say("no restarts left (--max-restarts): stopping every task")
