@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tfdist.machine.ports import free_ports
+from tfdist.machine.ports import HeldPorts
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV, finish, read_until, start_launch
 
@@ -137,14 +137,17 @@ def test_a_frozen_worker_is_named_as_the_root_cause(write_config, tmp_path):
 
 def test_one_host_of_a_cluster_whose_peer_never_starts_fails_by_the_deadline_naming_it(
     write_config, tmp_path):
-  worker_0, worker_1 = (f"127.0.0.1:{p}" for p in free_ports(2))
-  path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
-                      "strategy: multi_worker_mirrored\n")
-  started = time.monotonic()
-  launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "15",
-                          "--grace-period", "2", "--logs", str(tmp_path / "logs"), "--",
-                          sys.executable, "-c", "import tfdist, time; time.sleep(600)")
-  output = finish(launcher, 90, [])
+  # The ports are held (bound, never listening) throughout: with a suite beside it, another
+  # test's server once took worker-1's port, so the peer "came up".
+  with HeldPorts(2) as held:
+    worker_0, worker_1 = (f"127.0.0.1:{p}" for p in held.ports)
+    path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
+                        "strategy: multi_worker_mirrored\n")
+    started = time.monotonic()
+    launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "15",
+                            "--grace-period", "2", "--logs", str(tmp_path / "logs"), "--",
+                            sys.executable, "-c", "import tfdist, time; time.sleep(600)")
+    output = finish(launcher, 90, [])
   assert launcher.returncode == 3, output[-3000:]
   # "(10 s of 15 s)". On a loaded machine this host's own task may be slow to come up too, and
   # is then named first ("waiting for worker-0 at ..., worker-1 at ...").
@@ -160,14 +163,15 @@ def test_a_peer_slower_than_the_heartbeat_timeout_is_named_by_the_start_up_deadl
   """This host's task waits for its peer inside TensorFlow, which holds the GIL there (the
   detector below), so its heartbeat stops: the start-up deadline, not the heartbeat, names the
   peer. (With the defaults, 120 s and 60 s, a peer 60 s slow named the waiting task frozen.)"""
-  worker_0, worker_1 = (f"127.0.0.1:{p}" for p in free_ports(2))
-  path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
-                      "strategy: multi_worker_mirrored\n")
-  launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "25",
-                          "--heartbeat-timeout", "5", "--grace-period", "2", "--logs",
-                          str(tmp_path / "logs"), "--", sys.executable, "-c",
-                          "import tfdist, time; time.sleep(600)")
-  output = finish(launcher, 90, [])
+  with HeldPorts(2) as held:  # Held throughout, as above.
+    worker_0, worker_1 = (f"127.0.0.1:{p}" for p in held.ports)
+    path = write_config(f'cluster: {{worker: ["{worker_0}", "{worker_1}"]}}\n'
+                        "strategy: multi_worker_mirrored\n")
+    launcher = start_launch(str(path), "--task", "worker:0", "--startup-timeout", "25",
+                            "--heartbeat-timeout", "5", "--grace-period", "2", "--logs",
+                            str(tmp_path / "logs"), "--", sys.executable, "-c",
+                            "import tfdist, time; time.sleep(600)")
+    output = finish(launcher, 90, [])
   assert launcher.returncode == 3, output[-3000:]
   assert f"worker-1 at {worker_1} did not come up in 25 s" in output, output[-3000:]
   assert "stopped making progress" not in output, output[-3000:]
@@ -177,8 +181,9 @@ def test_tensorflow_holds_the_gil_while_a_strategy_connects():
   """The detector of why the supervisor leaves heartbeats unjudged during start-up: when this
   fails, TensorFlow lets other Python threads run while MultiWorkerMirroredStrategy connects,
   and `Supervisor._watch` may judge heartbeats from the start again."""
+  held = HeldPorts(2)  # Held throughout, as above.
   process = subprocess.Popen([sys.executable, str(PROGRAMS / "gil_while_connecting.py"),
-                              *map(str, free_ports(2))], env=ENV, stdout=subprocess.PIPE,
+                              *map(str, held.ports)], env=ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
   try:
     read_until(process, r"^CONNECTING", 90, [])
@@ -189,6 +194,7 @@ def test_tensorflow_holds_the_gil_while_a_strategy_connects():
   finally:
     os.killpg(process.pid, signal.SIGKILL)  # TensorFlow catches SIGTERM there.
     process.wait()
+    held.close()
   assert "MADE" not in after
   assert after.count("TICK") <= 1, f"{after.count('TICK')} ticks in 5 s: the GIL is released"
 
