@@ -103,7 +103,8 @@ def test_a_redrawn_progress_line_shows_and_logs_as_a_terminal_leaves_it(write_co
       return True
 
   terminal = Supervisor(lambda: None, out=Terminal())
-  assert terminal._redrawn(b"\r 8/16\r16/16\n", "worker-0") == \
+  assert terminal._terminal
+  assert terminal._terminal_line(b"\r 8/16\r16/16\n", "worker-0") == \
       b"\r[worker-0]  8/16\r[worker-0] 16/16\n"
 
 

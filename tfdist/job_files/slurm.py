@@ -1,6 +1,7 @@
 """Slurm: the sbatch script of a config. Each srun task it starts runs `tfdist launch
---backend slurm`, whose backend (`tfdist.launch.backends.slurm`) reads the task's cluster from Slurm's
-environment and writes the root cause's exit code to `EXIT_FILE` for the script to return.
+--backend slurm`, whose backend (`tfdist.launch.backends.slurm`) reads the task's cluster from
+Slurm's environment and writes the root cause's exit code to `EXIT_FILE` for the script to
+return.
 """
 
 from __future__ import annotations

@@ -129,7 +129,10 @@ class Supervisor:
   def _pump(self, name: str, stream, log_path: str, shown: bool) -> None:
     with open(log_path, "ab") as log:
       for raw in iter(stream.readline, b""):
-        log.write(liveness.plain_text(raw).rstrip(b"\n") + b"\n" if raw.strip() else raw)
+        # The log, and any output but a terminal (a pipe, a file), get the line's last redraw
+        # without colours: Keras's progress bar writes both whatever its output is.
+        plain = liveness.plain_text(raw)
+        log.write(plain.rstrip(b"\n") + b"\n" if raw.strip() else raw)
         log.flush()
         if banners.BANNERS.search(raw):  # Kept in the log file only.
           continue
@@ -137,15 +140,14 @@ class Supervisor:
           self._noise[name] += 1
           continue
         if shown:
-          self._write(f"[{name}] " + self._redrawn(raw, name).decode(errors="replace"))
+          line = self._terminal_line(raw, name) if self._terminal else plain
+          self._write(f"[{name}] " + line.decode(errors="replace"))
 
-  def _redrawn(self, raw: bytes, name: str) -> bytes:
-    """On a terminal each redraw of the line (a carriage return) keeps the task's prefix;
-    elsewhere (a pipe, a file) the line is written as its log has it: the last redraw, no
-    colours (Keras's progress bar writes both whatever its output is)."""
-    if self._terminal:
-      return re.sub(rb"\r(?!\n|$)", b"\r[" + name.encode() + b"] ", raw)
-    return liveness.plain_text(raw)
+  @staticmethod
+  def _terminal_line(raw: bytes, name: str) -> bytes:
+    """`raw` for a terminal: each redraw of the line (a carriage return) keeps the task's
+    prefix."""
+    return re.sub(rb"\r(?!\n|$)", b"\r[" + name.encode() + b"] ", raw)
 
   # -- processes -------------------------------------------------------------------------------
 
