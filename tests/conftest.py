@@ -5,6 +5,7 @@ import signal
 import psutil
 import pytest
 
+from tests import slurm_run
 from tfdist.machine import facts
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,7 +30,7 @@ def pytest_configure(config):
 _MARK, _SESSION = "TFDIST_TEST_SESSION", str(os.getpid())
 os.environ[_MARK] = _SESSION
 _EXIT_GRACE_S = 5  # For a task that dies with its launcher (a parent-death signal) to go.
-_BACKGROUND = []  # Test modules whose long script the session started early.
+_BACKGROUND = []  # The real-Slurm runs this process started early.
 
 
 @pytest.hookimpl(wrapper=True)
@@ -49,21 +50,32 @@ def pytest_runtest_call(item):
 
 
 def pytest_collection_finish(session):
-  """Starts the real-Slurm script at once when its test is selected: its jobs wait on Slurm
-  most of their two minutes, so they run beside the other tests (tests/test_real_slurm.py)."""
+  """Starts the real-Slurm script at once when its test is selected (one test process): its
+  jobs wait on Slurm most of their minutes, so they run beside the other tests."""
   if hasattr(session.config, "workerinput"):
-    return  # Under pytest-xdist every worker collects every test: it runs first in one of them.
-  for item in session.items:
-    if item.nodeid.endswith("test_real_slurm.py::test_exported_jobs_run_on_a_real_slurm") and \
-        item.module.runs_here():
-      _BACKGROUND.append(item.module)  # The module pytest imported: its state is the test's.
-      item.module.start()
+    return  # A pytest-xdist worker: the controller starts it (below).
+  if any(item.nodeid == slurm_run.TEST_ID for item in session.items):
+    _start_real_slurm(session.config, str(os.getpid()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+  """Under pytest-xdist the controller starts it once a worker has collected: a worker would
+  reach it last (pytest-xdist hands out files by their number of tests, most first)."""
+  if slurm_run.TEST_ID in ids:
+    _start_real_slurm(node.config, node.workerinput["testrunuid"])
+
+
+def _start_real_slurm(config, run: str) -> None:
+  if run not in _BACKGROUND and slurm_run.runs_here() and not config.option.collectonly:
+    _BACKGROUND.append(run)
+    slurm_run.start(run)
 
 
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run when a process the suite started (a fixture's, say) is still alive."""
-  for module in _BACKGROUND:
-    module.stop()
+  for run in _BACKGROUND:
+    slurm_run.stop(run)
   left = _started_by_suite()
   if not left:
     return
@@ -121,9 +133,9 @@ def _kill(processes) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-  # The real-Slurm script first: under pytest-xdist its file is then the first one a process
-  # takes, so its two minutes of mostly waiting run beside the other process's tests.
-  items.sort(key=lambda item: "test_real_slurm.py::" not in item.nodeid)
+  # The real-Slurm test last: it waits for the script the session started at collection, so
+  # in one test process the other tests run while it works.
+  items.sort(key=lambda item: item.nodeid == slurm_run.TEST_ID)
   if GPUS:
     return
   skip = pytest.mark.skip(reason="no GPU on this machine")

@@ -5,55 +5,21 @@ config submitted twice, a preempted job requeued and resumed. Skipped, with the 
 slurm-wlm is not installed or the suite does not run as root (the daemons need it).
 
 The script's jobs mostly wait on Slurm (its scheduler, a requeued job's credential hold), so
-the suite starts it as soon as collection selects this test (`conftest.py`) and the test waits
-for it: its two minutes run beside the other tests, with none of the suite's process mark (its
-daemons and jobs are its own, stopped by its own clean-up or by `stop` at the session's end)."""
+the session starts it as soon as it knows this test is selected (`conftest.py`; under
+pytest-xdist the controller does, since the workers would reach this one-test file last) and
+the test waits for it: its minutes run beside the other tests (`tests/slurm_run.py`)."""
 
 import os
+import pathlib
 import re
 import shutil
-import signal
-import subprocess
-import tempfile
+import time
 
 import pytest
 
-from tests.conftest import REPO
-from tests.launching import ENV
+from tests import slurm_run
 
 _RUNS_S = 880
-_started = {}
-
-
-def runs_here() -> bool:
-  return shutil.which("slurmctld") is not None and os.geteuid() == 0
-
-
-def start() -> None:
-  """Starts the script in a session of its own, its output to a file, once."""
-  if _started:
-    return
-  env = {k: v for k, v in ENV.items() if k != "TFDIST_TEST_SESSION"}
-  output = tempfile.NamedTemporaryFile("w+", prefix="tfdist-slurm-run-", suffix=".log",
-                                       delete=False)
-  process = subprocess.Popen(["bash", str(REPO / "tests" / "integration" / "slurm" / "run")],
-                             cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
-  _started.update(process=process, output=output)
-
-
-def stop() -> None:
-  """Ends the script if it still runs: SIGTERM to its group (its clean-up stops the daemons),
-  then SIGKILL."""
-  process = _started.get("process")
-  if process is None or process.poll() is not None:
-    return
-  os.killpg(process.pid, signal.SIGTERM)
-  try:
-    process.wait(timeout=15)
-  except subprocess.TimeoutExpired:
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 @pytest.mark.skipif(shutil.which("slurmctld") is None,
@@ -62,14 +28,20 @@ def stop() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="slurmctld and slurmd are started as root")
 @pytest.mark.timeout(900)
 def test_exported_jobs_run_on_a_real_slurm():
-  start()  # Already started by the session, unless this test was run alone.
-  process, output = _started["process"], _started["output"]
+  run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+  state = slurm_run.start(run)  # Already started by the session, unless run by itself.
+  rc_file = pathlib.Path(state["rc"])
+  deadline = time.monotonic() + _RUNS_S
   try:
-    process.wait(timeout=_RUNS_S)
+    while not rc_file.exists() and time.monotonic() < deadline and \
+        slurm_run.alive(state["group"]):
+      time.sleep(1)
   finally:
-    stop()
-  output.seek(0)
-  stdout = output.read()
+    slurm_run.stop(run)
+  stdout = pathlib.Path(state["output"]).read_text()
+  returncode = rc_file.read_text().strip() if rc_file.exists() else "none (stopped)"
   summary = re.search(r"^(\d+) passed, (\d+) failed$", stdout, re.M)
-  assert process.returncode == 0 and summary and summary.group(2) == "0", stdout[-6000:]
-  os.unlink(output.name)  # Kept for a failure's reader only.
+  assert returncode == "0" and summary and summary.group(2) == "0", \
+      f"exit code {returncode}\n{stdout[-6000:]}"
+  os.unlink(state["output"])  # Kept for a failure's reader only.
+  rc_file.unlink()
