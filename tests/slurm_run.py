@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 import time
 
+import psutil
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TEST_ID = "tests/test_real_slurm.py::test_exported_jobs_run_on_a_real_slurm"
 
@@ -46,11 +48,15 @@ def start(run: str) -> dict:
 
 
 def alive(group: int) -> bool:
-  try:
-    os.killpg(group, 0)
-    return True
-  except ProcessLookupError:
-    return False
+  """Whether a process of `group` still runs. A zombie does not: the script's wrapper, once
+  ended, stays one until the process that started it (not always this one) reaps it."""
+  for process in psutil.process_iter(["status"]):
+    try:
+      if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == group:
+        return True
+    except (ProcessLookupError, psutil.Error):
+      pass
+  return False
 
 
 def stop(run: str) -> None:
