@@ -8,9 +8,10 @@ import pytest
 
 from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED
 from tfdist.launch import decisions
-from tfdist.launch.decisions import (AllDone, Budget, End, EvaluatorHung, Failed, GoOnWithout,
-                                     Preempted, RestartCluster, RestartTask, StartupTimedOut,
-                                     StopAsked, decide)
+from tfdist.launch.decisions import (AllDone, Budget, Continue, End, EvaluatorHung, Failed,
+                                     FollowRound, GoOnWithout, Grow, HostBack, Left, NewRound,
+                                     Preempted, Report, RestartCluster, RestartTask,
+                                     StartupTimedOut, StopAsked, decide)
 
 THREE = ("worker-0", "worker-1", "worker-2")
 CASES = [
@@ -49,6 +50,34 @@ CASES = [
     # A chief (not a droppable worker) ends the launch even when elastic.
     (Failed("chief-0", 1, "failed (exit code 1)", task_type="chief"),
      Budget(0, THREE, min_workers=1), End(TASK_FAILED, "chief-0 failed (exit code 1)")),
+    # Per-host (the chief's launcher decides): a launcher gone is dropped at once while the
+    # minimum remain, taking a restart if one is left; below it, or not elastic, the end.
+    (Left(("worker-2",), "its launcher was stopped"), Budget(2, THREE, min_workers=2),
+     GoOnWithout(("worker-2",), 1)),
+    (Left(("worker-2",), "its launcher was stopped"), Budget(0, THREE, min_workers=2),
+     GoOnWithout(("worker-2",), 0)),
+    (Left(("worker-1", "worker-2"), "its launcher went silent"), Budget(2, THREE, min_workers=2),
+     End(TASK_FAILED, "worker-1, worker-2 left (its launcher went silent)")),
+    (Left(("worker-2",), "its launcher was stopped"), Budget(2, THREE),
+     End(TASK_FAILED, "worker-2 left (its launcher was stopped)")),
+    # The task whose launcher keeps the rendezvous is never dropped.
+    (Failed("worker-0", 1, "failed (exit code 1)"), Budget(0, THREE, 2, anchor="worker-0"),
+     End(TASK_FAILED, "worker-0 failed (exit code 1)")),
+    # A launcher back is taken in with a restart (membership changes count, as in torchrun).
+    (HostBack(("worker-2",)), Budget(1, ("worker-0", "worker-1"), 2, ("worker-2",)),
+     Grow(("worker-2",), 0)),
+    (HostBack(("worker-2",)), Budget(0, ("worker-0", "worker-1"), 2, ("worker-2",)),
+     Continue("worker-2 is back; no restarts left (--max-restarts) to take it in", 0)),
+    # The others' launchers report to the chief's and follow its rounds.
+    (Failed("worker-1", 1, "failed (exit code 1)"), Budget(2, THREE, 2, follows="worker-1"),
+     Report(Failed("worker-1", 1, "failed (exit code 1)"), 2)),
+    (Preempted("worker-1"), Budget(0, THREE, 2, follows="worker-1"),
+     Report(Preempted("worker-1"), 0)),
+    (NewRound(3, ("worker-2",)), Budget(1, THREE, 2, follows="worker-1"),
+     FollowRound(3, ("worker-2",), 1)),
+    (NewRound(3, ("worker-1",)), Budget(1, THREE, 2, follows="worker-1"),
+     End(TASK_FAILED, "the cluster went on without worker-1 (round 3)")),
+    (NewRound(4, (), (OK, "done")), Budget(1, THREE, 2, follows="worker-1"), End(OK, "done")),
 ]
 
 

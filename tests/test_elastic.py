@@ -4,13 +4,17 @@ on with 2 from the backup, at the same global batch, and ends with plain Keras's
 device. Below the minimum it fails naming the workers lost. Real launches on 127.0.0.1."""
 
 import json
+import os
+import signal
 import sys
 
 import numpy as np
 import pytest
 
 from tests.conftest import PROGRAMS
-from tests.launching import finish, start_launch
+from tfdist.exit_codes import PREEMPTED
+from tfdist.machine.ports import free_ports
+from tests.launching import finish, read_until, start_launch
 from tests.programs import elastic
 
 CONFIG = ("cluster: {{worker: 3}}\nstrategy: multi_worker_mirrored\n"
@@ -68,11 +72,75 @@ def test_below_the_minimum_the_launch_fails_naming_the_workers_lost(tmp_path):
 @pytest.mark.parametrize("flags,message", [
     (["--min-workers", "4"], "--min-workers: must be from 1 to the cluster's 3 worker(s). "
                              "Received: 4"),
-    (["--min-workers", "2", "--task", "worker:0"], "--min-workers: needs every task launched by "
-                                                   "this launcher"),
+    (["--min-workers", "2", "--task", "worker:0"], "--min-workers: needs --rendezvous-port on a "
+                                                   "per-host launch"),
+    (["--rendezvous-port", "29400"], "--rendezvous-port: is for per-host elastic launches: give "
+                                     "it with --task and --min-workers, on the local backend"),
+    (["--rendezvous-port", "29400", "--min-workers", "2"], "--rendezvous-port: is for per-host"),
 ])
 def test_a_min_workers_that_cannot_apply_is_refused_in_one_line(tmp_path, flags, message):
   launcher = _launch(tmp_path, *flags)
   output = finish(launcher, 60, [])
   assert launcher.returncode == 2, output[-2000:]
   assert message in output
+
+
+def test_per_host_launches_go_on_without_a_stopped_host_and_take_it_back_in(tmp_path):
+  """Three per-host launches (one a worker, as on three hosts; here all on 127.0.0.1) meeting
+  at the chief's launcher (`--rendezvous-port`): worker-2's launcher is stopped as epoch 1
+  begins (SIGTERM: its host drained); the other two go on; started again, it joins and is taken
+  in as the next epoch begins; all three end, with plain Keras's one-device weights."""
+  *ports, rendezvous = free_ports(4)
+  workers = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+  path = tmp_path / "config.yaml"
+  path.write_text(f"cluster: {{worker: [{workers}]}}\nstrategy: multi_worker_mirrored\n"
+                  "training: {global_batch_size: 48, mixed_precision: 'off', "
+                  "steps_per_execution: 1}\n"
+                  f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
+
+  def host(index, attempt=""):
+    return start_launch(str(path), "--task", f"worker:{index}", "--logs",
+                        str(tmp_path / f"logs-{index}{attempt}"), "--min-workers", "2",
+                        "--rendezvous-port", str(rendezvous), "--max-restarts", "2",
+                        "--grace-period", "15", "--", sys.executable,
+                        str(PROGRAMS / "elastic.py"), env={"PAUSE": "3"})
+  launchers = [host(i) for i in range(3)]
+  seen = [[], [], [], []]
+  try:
+    read_until(launchers[2], r"\[worker-2\] EPOCH_BEGIN 1", 240, seen[2])
+    os.kill(launchers[2].pid, signal.SIGTERM)
+    gone = finish(launchers[2], 60, seen[2])
+    assert launchers[2].returncode == PREEMPTED, gone[-3000:]
+    read_until(launchers[0], r"worker-2 left \(its launcher was stopped\): going on without "
+                             r"it, 2 worker\(s\)", 60, seen[0])
+    back = host(2, "-again")
+    launchers.append(back)
+    read_until(back, r"worker-2 joined the chief's launcher at .*waiting to be taken in", 60,
+               seen[3])
+    read_until(launchers[0], r"worker-2 is back: taking it in as an epoch begins, 3 worker",
+               240, seen[0])
+    outputs = [finish(launcher, 300, seen[i]) for i, launcher in enumerate(launchers) if i != 2]
+  finally:
+    for launcher in launchers:
+      if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+  for launcher, output in zip([launchers[0], launchers[1], back], outputs):
+    assert launcher.returncode == 0, output[-4000:]
+  assert "[worker-2] EPOCH_BEGIN 3" in outputs[2], outputs[2][-3000:]
+  result = next(line for line in outputs[0].splitlines() if "RESULT " in line)
+  got = json.loads(result.split("RESULT ", 1)[1])
+  for g, w in zip(got, elastic.train_plain(), strict=True):
+    np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_a_slurm_launch_refuses_min_workers_saying_what_slurm_does(write_config):
+  from tfdist.errors import ConfigError
+  from tfdist.launch import LaunchOptions, dry_run
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  slurm = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+  with pytest.raises(ConfigError, match=r"--min-workers: Slurm runs every task in one step, "
+                                        r"which ends when a node fails \(srun --no-kill keeps "
+                                        r"the allocation, not the step\)"):
+    dry_run(str(path), ["python", "t.py"], LaunchOptions(backend="slurm", min_workers=1),
+            environ=slurm)

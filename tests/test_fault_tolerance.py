@@ -2,6 +2,7 @@
 epoch with the optimizer's state and ends with an uninterrupted run's weights. Only the
 chief's files remain in the checkpoint directory."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -199,3 +200,36 @@ def test_keras_alone_loses_its_backup_to_a_save_that_fails_half_way(tmp_path):
   again.set_model(restored)
   with pytest.raises(ValueError, match="could not be loaded"):
     again.on_train_begin()
+
+
+def test_a_worker_back_resumes_from_the_clusters_newest_backup_not_its_own_older_one(tmp_path):
+  """A worker that left an elastic cluster comes back with its own backup of when it left;
+  the others saved later: it resumes where they are (synchronous replicas hold one state)."""
+  import keras
+  from tfdist.config.schema import TaskConfig
+  from tfdist.training import checkpoints
+
+  def backup_of(index, weights, epoch, step):
+    config = tfdist.load_config({"cluster": {"worker": 3}, "checkpoint": {"dir": str(tmp_path)}},
+                                environ={})
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    if weights is not None:
+      model.set_weights(weights)
+    backup = checkpoints.Backup(dataclasses.replace(config, task=TaskConfig("worker", index)))
+    backup.set_model(model)
+    if epoch is not None:
+      backup.save_position(epoch, step)
+    return backup, model
+  old = [np.zeros((3, 2), "float32"), np.zeros(2, "float32")]
+  new = [np.ones((3, 2), "float32"), np.ones(2, "float32")]
+  backup_of(2, old, 2, 1)  # worker-2 left at epoch 2, step 1.
+  backup_of(0, new, 3, 2)  # The others went on to epoch 3, step 2.
+  backup_of(1, new, 3, 2)
+  back, model = backup_of(2, None, None, None)
+  assert back.saved_position() == (3, 2)
+  back.on_train_begin()
+  for got, want in zip(model.get_weights(), new, strict=True):
+    np.testing.assert_array_equal(got, want)
+  ahead, _ = backup_of(0, None, None, None)  # Its own is the newest: kept.
+  assert ahead.saved_position() == (3, 2)

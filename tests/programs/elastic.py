@@ -6,6 +6,7 @@ weights>`, every task `EPOCH_BEGIN e`.
 With GONE=worker-N and MARKER=PATH, that worker fails with exit code 1 as epoch GONE_AT
 (0-based, default 2) begins, leaving PATH; started again (PATH there), it prints "its host's data is gone" and
 exits 1 right after `import tfdist`: gone for good. With ONCE=1 it fails the first time only.
+PAUSE=S sleeps S seconds as each epoch begins (time for a launcher to come back).
 
     python elastic.py
 """
@@ -13,6 +14,7 @@ exits 1 right after `import tfdist`: gone for good. With ONCE=1 it fails the fir
 import json
 import os
 import sys
+import time
 
 import tfdist  # Makes the strategy of a launched task first.
 
@@ -55,6 +57,7 @@ def train_fit(config):
   def begin(epoch, logs):
     _leave_at(epoch)
     print(f"EPOCH_BEGIN {epoch}", flush=True)
+    time.sleep(float(os.environ.get("PAUSE", "0")))
   x, y = data()
   history = tfdist.fit(case.model_fn, x, y, config=config, compile=compile_args,
                        batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,

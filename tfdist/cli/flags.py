@@ -13,7 +13,7 @@ from tfdist.launch import hangs  # The hang deadlines' defaults, said once.
 COMMAND_FLAGS = {
     "launch": ("task", "backend", "slurm", "dry-run", "fresh", "max-restarts", "startup-timeout",
                "heartbeat-timeout", "hang-timeout", "epoch-end-timeout", "grace-period",
-               "min-workers", "logs",
+               "min-workers", "rendezvous-port", "logs",
                "verbose", "keep-alive", "tensorboard", "grpc-port", "port"),
     "check": ("task",),
     "tensorboard": ("port", "bind-all"),
@@ -126,8 +126,13 @@ def define_flags() -> None:
                        "MIN:MAX): a worker that fails with no restarts left (--max-restarts) is "
                        "dropped, and the others go on from the backup with the same global "
                        "batch, while at least this many workers remain; default: the launch "
-                       "ends. Local launches without --task, and Ray's; synchronous training.",
-                       lower_bound=1)
+                       "ends. Local launches (per-host ones with --rendezvous-port) and Ray's; "
+                       "synchronous training.", lower_bound=1)
+  flags.DEFINE_integer("rendezvous-port", None, "launch: per-host elastic launches (--task, "
+                       "--min-workers): the port on the chief's host where the chief's launcher "
+                       "keeps the members (torchrun's c10d rendezvous); the same on every host. "
+                       "A worker whose launcher stops or goes silent is dropped; started again, "
+                       "it is taken in as an epoch begins.", lower_bound=1, upper_bound=65535)
   flags.DEFINE_float("grace-period", 25, "launch: seconds between SIGTERM and SIGKILL when "
                      "stopping tasks (a preempted task saves its backup meanwhile); default 25, "
                      "inside Kubernetes' and Slurm's default 30.", lower_bound=0)

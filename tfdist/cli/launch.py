@@ -19,7 +19,7 @@ USAGE = ("tfdist launch CONFIG [--task TYPE:INDEX] [--backend local|slurm|ray] [
          "[--fresh] "
          "[--max-restarts N] [--startup-timeout S] [--heartbeat-timeout S] [--hang-timeout S] "
          "[--epoch-end-timeout S] "
-         "[--grace-period S] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] "
+         "[--grace-period S] [--min-workers N] [--rendezvous-port P] [--logs DIR] [--verbose] [--keep-alive] [--tensorboard] "
          "[--grpc-port P] -- COMMAND")
 FLAGS = flags.FLAGS
 
@@ -38,7 +38,7 @@ def run(args: list[str], task: TaskConfig | None) -> int:
       hang_timeout=FLAGS["hang-timeout"].value,
       epoch_end_timeout=FLAGS["epoch-end-timeout"].value,
       grace_period=FLAGS["grace-period"].value, min_workers=FLAGS["min-workers"].value,
-      logs=FLAGS.logs, verbose=FLAGS.verbose,
+      rendezvous_port=FLAGS["rendezvous-port"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
       tensorboard=FLAGS.tensorboard)
   if FLAGS["dry-run"].value:
     print(dry_run(args[0], args[1:], options).describe())

@@ -75,7 +75,31 @@ class AllDone:
   """Every task running the user's command ended with 0."""
 
 
-Event = StopAsked | StartupTimedOut | Preempted | Failed | EvaluatorHung | AllDone
+@dataclasses.dataclass(frozen=True)
+class Left:
+  """Workers whose launcher left the rendezvous (stopped) or went silent (its host lost),
+  as the chief's launcher sees it (`rendezvous`): named as the config names them."""
+  tasks: tuple[str, ...]
+  why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBack:
+  """Lost workers whose launcher is back (it joined the rendezvous), at an epoch's boundary
+  since it joined."""
+  tasks: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRound:
+  """The chief's launcher published a round (`rendezvous.Round`): who runs, or the end."""
+  number: int
+  lost: tuple[str, ...]
+  ended: tuple[int, str] | None = None
+
+
+Event = (StopAsked | StartupTimedOut | Preempted | Failed | EvaluatorHung | AllDone | Left |
+         HostBack | NewRound)
 
 
 # -- actions: what the supervisor does --------------------------------------------------------
@@ -103,13 +127,44 @@ class GoOnWithout:
 
 
 @dataclasses.dataclass(frozen=True)
+class Grow:
+  """Take `tasks` back in: every task stops (saving its backup) and the cluster starts again
+  with them, at the same global batch."""
+  tasks: tuple[str, ...]
+  restarts_left: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Continue:
+  """Nothing changes now; `why` is said once."""
+  why: str
+  restarts_left: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """A launcher that follows the chief's rounds tells it what its task did and awaits its
+  decision (the next round)."""
+  event: Failed | Preempted
+  restarts_left: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowRound:
+  """Start this launcher's task in the chief's new round (without its `lost` workers)."""
+  number: int
+  lost: tuple[str, ...]
+  restarts_left: int
+
+
+@dataclasses.dataclass(frozen=True)
 class End:
   """The launch ends: the exit code and the one-line reason."""
   code: int
   message: str
 
 
-Action = RestartCluster | RestartTask | GoOnWithout | End
+Action = RestartCluster | RestartTask | GoOnWithout | Grow | Continue | Report | FollowRound | End
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +177,17 @@ class Budget:
     min_workers: the fewest workers it may go on with (`--min-workers`); None: the cluster is
       not elastic.
     lost: the workers already dropped.
+    follows: the task this launcher runs, when it follows the chief's launcher's rounds (a
+      per-host elastic launch, `rendezvous`): its task's failures are the chief's to decide.
+    anchor: the task whose launcher keeps the rendezvous: never dropped (its launcher is the
+      members' meeting place).
   """
   restarts_left: int
   workers: tuple[str, ...] = ()
   min_workers: int | None = None
   lost: tuple[str, ...] = ()
+  follows: str | None = None
+  anchor: str | None = None
 
 
 def decide(event: Event, budget: Budget) -> Action:
@@ -137,7 +198,12 @@ def decide(event: Event, budget: Budget) -> Action:
   failure or a hang restarts the cluster (a parameter-server worker or the evaluator alone)
   while restarts are left, each restart taking one. With none left, a failed worker of an
   elastic cluster (`min_workers`) is dropped while at least `min_workers` remain; otherwise the
-  launch ends (1; 42 after a preemption).
+  launch ends (1; 42 after a preemption). A worker whose launcher left or went silent is
+  dropped at once while `min_workers` remain (its host cannot run it), taking a restart if one
+  is left; one whose launcher is back is taken in if a restart is left (membership changes
+  count against `--max-restarts`, as in torchrun). A launcher that follows the chief's rounds
+  reports its task's failure or preemption and follows the next round; dropped from it, it
+  ends (1).
 
   Args:
     event: what a detector saw.
@@ -147,6 +213,25 @@ def decide(event: Event, budget: Budget) -> Action:
     The action to take.
   """
   left = budget.restarts_left
+  if isinstance(event, NewRound):
+    if event.ended is not None:
+      return End(*event.ended)
+    if budget.follows in event.lost:
+      return End(TASK_FAILED, f"the cluster went on without {budget.follows} (round "
+                              f"{event.number})")
+    return FollowRound(event.number, event.lost, left)
+  if budget.follows is not None and isinstance(event, (Failed, Preempted)):
+    return Report(event, left)
+  if isinstance(event, Left):
+    remaining = len([w for w in budget.workers if w not in event.tasks])
+    if budget.min_workers is not None and remaining >= budget.min_workers:
+      return GoOnWithout(event.tasks, max(left - 1, 0))
+    return End(TASK_FAILED, f"{', '.join(event.tasks)} left ({event.why})")
+  if isinstance(event, HostBack):
+    if left <= 0:
+      return Continue(f"{', '.join(event.tasks)} is back; no restarts left (--max-restarts) "
+                      "to take it in", left)
+    return Grow(event.tasks, left - 1)
   if isinstance(event, StopAsked):
     if event.preempted:
       return End(PREEMPTED, f"preempted by {event.signal_name}; backups saved")
@@ -167,7 +252,8 @@ def decide(event: Event, budget: Budget) -> Action:
     if event.alone:
       return RestartTask(event.task, left - 1)
     return RestartCluster(left - 1, "training resumes from its backup")
-  if budget.min_workers is not None and event.task in budget.workers:
+  if budget.min_workers is not None and event.task in budget.workers and \
+      event.task != budget.anchor:
     remaining = len(budget.workers) - 1
     if remaining >= budget.min_workers:
       return GoOnWithout((event.task,), 0)

@@ -55,7 +55,11 @@ class LaunchOptions:
     min_workers: an elastic cluster: a worker that fails with no restarts left is dropped and
       the rest go on from the backup, with the same global batch, while at least this many
       workers remain (torchrun's `--nnodes MIN:MAX`); None: the launch ends. The local backend
-      without `task`, or Ray; synchronous training only.
+      (per-host launches with `rendezvous_port`), or Ray; synchronous training only.
+    rendezvous_port: per-host elastic launches (`task` and `min_workers`): the port on the
+      chief's host where the chief's launcher keeps the members (`launch.rendezvous`); every
+      host's launcher gives the same. A worker whose launcher stops or goes silent is dropped;
+      one started again joins and is taken in as an epoch begins.
     logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
     verbose: show every task's output, not only the chief's.
     tensorboard: start TensorBoard on the config's log directory beside the cluster.
@@ -82,6 +86,7 @@ class LaunchOptions:
   epoch_end_timeout: float | None = None
   grace_period: float = 25
   min_workers: int | None = None
+  rendezvous_port: int | None = None
   logs: str | None = None
   verbose: bool = False
   tensorboard: bool = False
@@ -176,32 +181,36 @@ def _launch(config_path, command, options, environ, plan_only: bool):
     runner = found.runner
     if runner is not None:
       stack.callback(runner.close)  # Its tasks go with the launch, however it ends.
-    config = found.config
+    config = full = found.config
     host_gpus = facts.visible_gpus() if found.gpus is None else found.gpus
-
-    dropped = []  # The workers gone so far, each named as the cluster then numbered them.
+    workers = tuple(t.name for t in full.cluster.tasks() if t.type == "worker")
+    members = list(workers)  # A Ray runner's workers, in its numbering.
 
     def make_plan(fresh: bool = False, restart: bool = True, lost=()):
+      """The plan without the `lost` workers (named as the config names them)."""
       nonlocal config
       while held:
         held.pop().close()
-      for name in lost[len(dropped):]:  # Each plan from the members it is given.
-        config = plan.without_workers(config, [name])
-        if runner is not None:
-          runner.drop(name)
-        dropped.append(name)
+      if runner is None:  # Addresses from the config, or free ports: planned afresh.
+        config = plan.without_workers(full, lost)
+      for name in [m for m in members if m in lost and runner is not None]:
+        current = f"worker-{members.index(name)}"  # Ray's actors keep their places.
+        config = plan.without_workers(config, [current])
+        runner.drop(current)
+        members.remove(name)
       if restart and runner is not None:
         config = runner.replan(config)
-      members_path = _members_config(config, config_path, log_dir, dropped)
+      members_path = _members_config(config, config_path, log_dir, lost)
       if not config.cluster.has_addresses:
         held.append(ports.HeldPorts(len(config.cluster.tasks())))
-      return plan.plan_launch(config, members_path, command, log_dir=log_dir, task=found.task,
+      return plan.plan_launch(config, members_path, command, log_dir=log_dir,
+                              task=plan.renumbered(found.task, workers, lost),
                               ports=held[0].ports if held else (), fresh=fresh,
                               gpus=host_gpus, local_task=found.local_task)
 
     # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
     # resumes from the backup this run wrote.
-    _check_elastic(options, config, found.task, runner)
+    _check_elastic(options, config, found.task, runner, getattr(backend, "NAME", ""))
     first = make_plan(fresh=options.fresh, restart=False)
     for address in plan.public_addresses(config):
       print(f"tfdist launch: warning: {address} is a public address; TensorFlow's gRPC servers "
@@ -218,6 +227,9 @@ def _launch(config_path, command, options, environ, plan_only: bool):
                                          "launcher"))
       stack.callback(events.close)
     plans = iter([first])
+    rendezvous = _rendezvous(options, full, found.task)
+    if rendezvous is not None:
+      stack.callback(getattr(rendezvous, "close", lambda: None))
     outcome = supervisor.Supervisor(
         lambda lost: next(plans, None) or make_plan(lost=lost),
         startup_timeout=options.startup_timeout, min_workers=options.min_workers,
@@ -226,7 +238,8 @@ def _launch(config_path, command, options, environ, plan_only: bool):
         heartbeat_timeout=options.heartbeat_timeout,
         deadlines=Deadlines(options.hang_timeout, options.epoch_end_timeout),
         verbose=options.verbose, on_say=events,
-        start_process=backend.start if runner is None else runner.start).run()
+        start_process=backend.start if runner is None else runner.start,
+        workers=workers, rendezvous=rendezvous).run()
   finally:
     stack.close()
     while held:
@@ -254,16 +267,51 @@ def _members_config(members, config_path: str, log_dir: str, lost) -> str:
   return path
 
 
-def _check_elastic(options: LaunchOptions, config, task, runner) -> None:
-  """Refuses `min_workers` where it cannot apply, in one line naming it."""
+def _rendezvous(options: LaunchOptions, config, task):
+  """The chief's launcher's `rendezvous.Host`, another host's `rendezvous.Client`, or None."""
+  from tfdist.config.roles import is_chief
+  from tfdist.config.tf_config import split_address
+  from tfdist.launch import rendezvous
+  if options.rendezvous_port is None:
+    return None
+  chief = "chief" if config.cluster.chief else "worker"
+  host, _ = split_address(config.cluster.addresses[chief][0])
+  address = f"{host}:{options.rendezvous_port}"
+  if is_chief(dataclasses.replace(config, task=task)):
+    workers = tuple(t.name for t in config.cluster.tasks() if t.type == "worker")
+    try:  # A follower's launcher is silent while it stops its task: the grace period too.
+      return rendezvous.Host(address, workers, options.heartbeat_timeout + options.grace_period,
+                             name=task.name)
+    except OSError as e:
+      raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
+                        key="--rendezvous-port", received=options.rendezvous_port) from None
+  return rendezvous.Client(address, task.name)
+
+
+def _check_elastic(options: LaunchOptions, config, task, runner, backend: str) -> None:
+  """Refuses `min_workers` and `rendezvous_port` where they cannot apply, in one line naming
+  the flag."""
   from tfdist.config import strategies
   wanted = options.min_workers
+  if backend == "slurm" and wanted is not None:
+    raise ConfigError("Slurm runs every task in one step, which ends when a node fails (srun "
+                      "--no-kill keeps the allocation, not the step): the job restarts whole; "
+                      "for an elastic cluster use per-host launches with --rendezvous-port",
+                      key="--min-workers", received=wanted)
+  if options.rendezvous_port is not None and (wanted is None or task is None or
+                                               runner is not None):
+    raise ConfigError("is for per-host elastic launches: give it with --task and "
+                      "--min-workers, on the local backend", key="--rendezvous-port",
+                      received=options.rendezvous_port)
   if wanted is None:
     return
   why = None
-  if task is not None or runner is not None and not hasattr(runner, "drop"):
-    why = ("needs every task launched by this launcher: the local backend without --task, or "
-           "Ray (per-host and Slurm launches restart their whole cluster)")
+  if task is not None and options.rendezvous_port is None:
+    why = ("needs --rendezvous-port on a per-host launch (the chief's launcher keeps the "
+           "members; every host's launcher gives the same port)")
+  elif runner is not None and not hasattr(runner, "drop"):
+    why = ("needs every task launched by this launcher or a rendezvous: the local backend, or "
+           "Ray (Slurm launches restart their whole cluster)")
   elif strategies.kind(config.strategy.name).asynchronous:
     why = "needs synchronous training: a parameter-server worker already restarts alone"
   elif not 1 <= wanted <= config.cluster.worker:

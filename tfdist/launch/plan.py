@@ -113,6 +113,21 @@ def without_workers(config: Config, lost: Sequence[str]) -> Config:
   return shrunk
 
 
+def renumbered(task: TaskConfig | None, workers: Sequence[str],
+               lost: Sequence[str]) -> TaskConfig | None:
+  """`task` (named as the config names it) among the `workers` left without `lost` (TF_CONFIG's
+  indices are positions). Pure.
+
+  ```python
+  renumbered(TaskConfig("worker", 2), ["worker-0", "worker-1", "worker-2"], ["worker-1"])
+  # TaskConfig(type="worker", index=1)
+  ```
+  """
+  if task is None or task.type != "worker" or not lost:
+    return task
+  return TaskConfig("worker", [w for w in workers if w not in lost].index(task.name))
+
+
 def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
                 ports: Sequence[int] = (), task: TaskConfig | None = None,
                 python: str = sys.executable, fresh: bool = False, gpus: Sequence[str] = (),

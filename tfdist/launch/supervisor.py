@@ -21,9 +21,10 @@ from typing import Callable, Sequence, TextIO
 
 from tfdist.errors import ConfigError
 from tfdist.launch import decisions, liveness
-from tfdist.launch.decisions import (AllDone, Budget, EvaluatorHung, End, Failed, GoOnWithout,
-                                     Preempted, RestartCluster, RestartTask, StartupTimedOut,
-                                     State, StopAsked)
+from tfdist.launch.decisions import (AllDone, Budget, Continue, EvaluatorHung, End, Failed,
+                                     FollowRound, GoOnWithout, Grow, HostBack, Left, NewRound,
+                                     Preempted, Report, RestartCluster, RestartTask,
+                                     StartupTimedOut, State, StopAsked)
 from tfdist.launch.hangs import Deadlines, Hang, HangWatch, lost_peers
 from tfdist.progress import Phase
 from tfdist.machine import banners
@@ -40,6 +41,8 @@ the tasks to save and exit (`checkpoint.preemption_signal`)."""
 _FROZEN_AFTER = 5.0  # A task silent this long when a peer fails is the likelier root cause.
 _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
 _STACKS_WRITTEN = 2.0  # Seconds for the tasks' faulthandler to write their stacks.
+_POLL_EVERY = 0.5  # Seconds between a following launcher's polls of the chief's rounds.
+_END_SEEN = 1.5  # Seconds the chief's launcher serves its last round before it ends.
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
 _NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
 
@@ -99,6 +102,10 @@ class Supervisor:
       spent (`--min-workers`); None: a failure past the restarts ends the launch.
     on_members: also called at each start with the number of training tasks (TensorBoard's
       `launcher/workers`).
+    workers: the configured workers' names: `make_plan` is given those lost, by these names.
+    rendezvous: a per-host elastic launch's `rendezvous.Host` (this launcher runs the chief:
+      it decides the rounds) or `rendezvous.Client` (it follows them); None: this launcher
+      decides alone.
   """
 
   def __init__(self, make_plan: Callable[[], LaunchPlan], *, startup_timeout: float = 120,
@@ -107,7 +114,8 @@ class Supervisor:
                out: TextIO | None = sys.stdout, on_say: Callable[[str], None] | None = None,
                start_process: Callable[[ProcessPlan], subprocess.Popen] | None = None,
                min_workers: int | None = None,
-               on_members: Callable[[int], None] | None = None):
+               on_members: Callable[[int], None] | None = None,
+               workers: tuple[str, ...] = (), rendezvous=None):
     from tfdist.launch.backends import local
     self.make_plan = make_plan
     self.start_process = start_process or local.start
@@ -130,8 +138,13 @@ class Supervisor:
     self.min_workers = min_workers
     self.on_members = on_members
     self.state = State.STARTING
-    self._lost: tuple[str, ...] = ()  # Workers the cluster went on without.
+    self._lost: tuple[str, ...] = ()  # Workers the cluster went on without (config names).
     self._failures: list[TaskFailure] = []
+    self.workers = workers
+    self.rendezvous = rendezvous
+    self._hosts = rendezvous is not None and hasattr(rendezvous, "publish")
+    self._round = 0  # The chief's round this launcher runs.
+    self._answered = time.monotonic()  # The chief's launcher's last answer to this one.
 
   # -- output ---------------------------------------------------------------------------------
 
@@ -216,6 +229,10 @@ class Supervisor:
     previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS + NOTICE_SIGNALS}
     try:
       shown = None
+      if self.rendezvous is not None and not self._hosts:
+        joined = self._join() or self._wait_open()
+        if isinstance(joined, End):
+          return self._ended(joined)
       while True:
         try:
           plan = self.make_plan(self._lost)
@@ -228,14 +245,24 @@ class Supervisor:
         self.state, self._quiet_until = State.STARTING, 0.0
         self._running = [self._start(p) for p in plan.processes]
         if self.on_members is not None:
-          self.on_members(sum(1 for p in plan.processes if p.task is not None and
+          self.on_members(len(self._members()) if self.rendezvous is not None else
+                          sum(1 for p in plan.processes if p.task is not None and
                               p.task.type in ("chief", "worker")))
         action = self._watch(plan)
         self._stop(self._running)
+        if isinstance(action, Report):
+          action = self._await_round(action)
         if isinstance(action, End):
           return self._ended(action)
-        if isinstance(action, GoOnWithout):
-          self._lost += action.tasks
+        self._lost = self._lost_after(action)
+        if isinstance(action, FollowRound):
+          self._round = action.number
+          opened = self._wait_open()
+          if isinstance(opened, End):
+            return self._ended(opened)
+        elif self._hosts and not self.rendezvous.ready(self.rendezvous.silence):
+          self.say(f"round {self._round}: not every launcher stopped its task in "
+                   f"{self.rendezvous.silence:g} s; starting")
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)
@@ -248,6 +275,12 @@ class Supervisor:
         self.say("showing the chief's output; every task's is in its log (--verbose shows "
                  "all)")
       return
+    if self.rendezvous is not None:  # This host runs one task; the round says who is in.
+      gone = [w for w in self.workers if w in self._lost]
+      self.say(f"round {self._round}: {', '.join(self._members())}" +
+               (f" (without {', '.join(gone)})" if gone else "") +
+               f"; this host runs {', '.join(p.name for p in plan.processes)}")
+      return
     before = {p.name for p in shown.processes}
     now = [p.name for p in plan.processes]
     gone = sorted(before - set(now))
@@ -256,6 +289,11 @@ class Supervisor:
 
   def _ended(self, action: End) -> Outcome:
     self.state = State.ENDED
+    if self._hosts:  # The others end with it: they see the last round, then it is gone.
+      self.rendezvous.publish(self._lost, ended=(action.code, action.message))
+      time.sleep(_END_SEEN)
+    elif self.rendezvous is not None and action.code == 0:
+      self.rendezvous.leave(done=True)
     return Outcome(action.code, action.message,
                    self._failures[0].code if self._failures else None, tuple(self._failures))
 
@@ -267,17 +305,38 @@ class Supervisor:
       self._stop_signal = signum
 
   def _budget(self) -> Budget:
-    workers = tuple(r.plan.name for r in self._running if not r.plan.serves and
-                    r.plan.task is not None and r.plan.task.type == "worker")
-    return Budget(self.restarts_left, workers, self.min_workers, self._lost)
+    follows = None if self._hosts or self.rendezvous is None else self.rendezvous.name
+    anchor = self.rendezvous.name if self._hosts else None
+    return Budget(self.restarts_left, self._members(), self.min_workers, self._lost, follows,
+                  anchor)
+
+  def _members(self) -> tuple[str, ...]:
+    """The configured workers this run has (config names)."""
+    return tuple(w for w in self.workers if w not in self._lost)
+
+  def _config_name(self, name: str) -> str:
+    """The config's name of the task a plan calls `name` (workers are renumbered without the
+    lost ones)."""
+    if not name.startswith("worker-") or not self._lost:
+      return name
+    return self._members()[int(name.rsplit("-", 1)[1])]
+
+  def _lost_after(self, action) -> tuple[str, ...]:
+    if isinstance(action, GoOnWithout):
+      return self._lost + action.tasks
+    if isinstance(action, Grow):
+      return tuple(w for w in self._lost if w not in action.tasks)
+    if isinstance(action, FollowRound):
+      return action.lost
+    return self._lost
 
   def _watch(self, plan: LaunchPlan) -> decisions.Action:
     """Runs the detectors until one reports an event whose action ends this run of the plan
     (a restart task action is taken here and the watch goes on)."""
     watch = _Watch(plan, self.deadlines)
     while True:
-      event = (self._signals() or self._startup(watch) or self._failure(watch) or
-               self._hung(watch) or self._done())
+      event = (self._signals() or self._membership(watch) or self._startup(watch) or
+               self._failure(watch) or self._hung(watch) or self._done())
       if event is None:
         time.sleep(0.1)
         continue
@@ -288,6 +347,10 @@ class Supervisor:
       if isinstance(action, RestartTask):
         self._restart_alone(action.task, watch)
         continue
+      if isinstance(action, Continue):
+        continue
+      if self._hosts and not isinstance(action, End):  # Every launcher starts the new round.
+        self._round = self.rendezvous.publish(self._lost_after(action)).number
       return action
 
   # -- detectors: each returns an event, or None ----------------------------------------------
@@ -304,11 +367,125 @@ class Supervisor:
       return None
     name = signal.Signals(self._stop_signal).name
     self.state = State.STOPPING
+    if self.rendezvous is not None and not self._hosts:
+      self.rendezvous.leave()  # Before its task saves with the others: they go on without it.
     self.say(f"{name} received: forwarded to every task, which may save its backup; "
              f"SIGKILL after {self.grace_period:g} s (--grace-period)")
     self._stop(self._running, self._stop_signal)
     saved = all(r.process.poll() == PREEMPTED for r in self._running if not r.plan.serves)
     return StopAsked(name, self._stop_signal, saved)
+
+  def _membership(self, watch: "_Watch") -> Left | HostBack | Failed | Preempted | NewRound | None:
+    """The rendezvous: at the chief's launcher, what the others reported, a launcher that left
+    or went silent, and one back, taken in once the chief's task begins another epoch; at the
+    others', a new round."""
+    if self.rendezvous is None:
+      return None
+    if not self._hosts:
+      now = time.monotonic()
+      if now - watch.polled < _POLL_EVERY:
+        return None
+      watch.polled = now
+      return self._new_round(self.rendezvous.poll(), watch)
+    watch.inbox += self.rendezvous.events()
+    if watch.inbox:
+      event = watch.inbox.pop(0)
+      return self._failed(event) if isinstance(event, Failed) else event
+    epoch = max((beat.get("epoch", 0) for r in self._trainers()  # Once training runs.
+                 for beat in [liveness.read_progress(_heartbeat(r))]
+                 if beat and beat.get("phase") != Phase.START.value), default=None)
+    if epoch is None:
+      return None
+    back = []
+    for name in self.rendezvous.joined():
+      if name not in watch.joined_at:
+        watch.joined_at[name] = epoch
+        self.say(f"{name}'s launcher is back: it is taken in when an epoch begins")
+      elif epoch > watch.joined_at[name]:
+        back.append(name)
+        watch.joined_at[name] = float("inf")  # Offered once a round.
+    return HostBack(tuple(back)) if back else None
+
+  def _new_round(self, found, watch: "_Watch | None") -> NewRound | None:
+    """A round newer than this launcher's, or the end when the chief's launcher stopped
+    answering for longer than `heartbeat_timeout`."""
+    now = time.monotonic()
+    if found is None:
+      silent = now - (watch.answered if watch else self._answered)
+      if silent > self.heartbeat_timeout:
+        return NewRound(self._round + 1, self._lost, (TASK_FAILED, (
+            f"the chief's launcher at {self.rendezvous.address} has not answered for "
+            f"{silent:.0f} s")))
+      return None
+    if watch is not None:
+      watch.answered = now
+    self._answered = now
+    return NewRound(found.number, found.lost, found.ended) if found.number > self._round \
+        else None
+
+  def _join(self) -> End | None:
+    """A following launcher joins the chief's rounds (the chief's launcher may start after
+    it: up to `startup_timeout`); while the round runs without its task (it is back after
+    being lost) it waits to be taken in."""
+    began, said = time.monotonic(), False
+    while True:
+      if self._stop_signal is not None:
+        self.rendezvous.leave()
+        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
+                                          self._stop_signal, False), self._budget())
+      found = self.rendezvous.join()
+      if found is None and time.monotonic() - began > self.startup_timeout:
+        return End(TASK_FAILED, f"the chief's launcher at {self.rendezvous.address} did not "
+                                f"answer in {self.startup_timeout:g} s (--startup-timeout)")
+      if found is not None and found.ended is not None:
+        return End(*found.ended)
+      if found is not None and self.rendezvous.name not in found.lost:
+        self._lost, self._round, self._answered = found.lost, found.number, time.monotonic()
+        return None
+      if found is not None and not said:
+        self.say(f"{self.rendezvous.name} joined the chief's launcher at "
+                 f"{self.rendezvous.address}; round {found.number} runs without it: waiting "
+                 "to be taken in when an epoch begins")
+        said = True
+      time.sleep(_POLL_EVERY)
+
+  def _wait_open(self) -> End | None:
+    """A following launcher's tasks are stopped: it waits until every member's are (the
+    round opens), following a newer round, or the end."""
+    while True:
+      if self._stop_signal is not None:
+        self.rendezvous.leave()
+        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
+                                          self._stop_signal, False), self._budget())
+      found = self.rendezvous.poll(ready=self._round)
+      event = self._new_round(found, None)
+      if event is not None:
+        action = decisions.decide(event, self._budget())
+        self._announce(event, action)
+        if isinstance(action, End):
+          return action
+        self._lost, self._round = action.lost, action.number
+      elif found is not None and found.open:
+        return None
+      time.sleep(0.2)
+
+  def _await_round(self, report: Report):
+    """A following launcher reported its task's end; the chief's next round (or end)."""
+    self.rendezvous.report(report.event, self._round)
+    self.say(f"reported to the chief's launcher at {self.rendezvous.address}; waiting for its "
+             "decision")
+    self._answered = time.monotonic()
+    while True:
+      if self._stop_signal is not None:
+        self.rendezvous.leave()
+        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
+                                          self._stop_signal, False), self._budget())
+      event = self._new_round(self.rendezvous.poll(), None)
+      if event is not None:
+        action = decisions.decide(event, self._budget())
+        self._announce(event, action)
+        return action
+      time.sleep(_POLL_EVERY)
 
   def _startup(self, watch: "_Watch") -> StartupTimedOut | None:
     """The start-up deadline over every task's server; lines while waiting, rejoins, noise."""
@@ -351,14 +528,15 @@ class Supervisor:
       self.say(f"{failed.plan.name} saved its backup after a preemption notice (exit code "
                f"{PREEMPTED}); waiting up to {self.grace_period:g} s for the others")
       self._stop(self._running)
-      return Preempted(failed.plan.name)
+      return Preempted(self._config_name(failed.plan.name))
     if failed is None and frozen is None:
       return None
     cause = (None if starting else self._frozen(_FROZEN_AFTER)) or failed or frozen
     self._report_root_cause(cause, consequence=failed if failed is not cause else None)
     what, detail = _how_it_ended(cause)
     task = cause.plan.task
-    return self._failed(Failed(cause.plan.name, cause.process.poll(), f"{what} {detail}",
+    return self._failed(Failed(self._config_name(cause.plan.name), cause.process.poll(),
+                               f"{what} {detail}",
                                task.type if task else "local",
                                alone=watch.plan.restart_scope != "cluster" and task is not None
                                and task.type == "worker"))
@@ -369,8 +547,8 @@ class Supervisor:
       log = f"{cause.plan.log} and its peers'" if cause else "its host's launcher's logs"
       self._name_hang(hang, self._trainers(), "Every task's Python stack (all threads) is in "
                                               f"its log: {log}")
-      return self._failed(Failed(hang.behind, None, f"hung ({hang.waited:.0f} s without "
-                                                    "progress)", hung=True))
+      return self._failed(Failed(self._config_name(hang.behind), None,
+                                 f"hung ({hang.waited:.0f} s without progress)", hung=True))
     if (hang := self._hang(watch.evaluator_hangs, evaluator=True)) is not None:
       cause = next(r for r in self._running if r.plan.name == hang.behind)
       self._name_hang(hang, [cause], "Its Python stack (all threads) is in its log: "
@@ -404,15 +582,33 @@ class Supervisor:
       self.say(f"restarting {action.task} alone ({left}){again}")
     elif isinstance(action, GoOnWithout):
       remaining = len(self._budget().workers) - len(action.tasks)
-      self.say(f"{', '.join(action.tasks)} failed with no restarts left: going on without it, "
-               f"{remaining} worker(s) (--min-workers {self.min_workers}); training resumes "
-               "from its backup with the same global batch")
+      why = (f"left ({event.why})" if isinstance(event, Left) else
+             "failed with no restarts left")
+      self.say(f"{', '.join(action.tasks)} {why}: going on without it, {remaining} worker(s) "
+               f"(--min-workers {self.min_workers}); training resumes from its backup with the "
+               "same global batch")
+    elif isinstance(action, Grow):
+      count = len(self._budget().workers) + len(action.tasks)
+      self.say(f"{', '.join(action.tasks)} is back: taking it in as an epoch begins, {count} "
+               f"worker(s) ({left}); training resumes from its backup with the same global "
+               "batch")
+    elif isinstance(action, Continue):
+      self.say(action.why)
+    elif isinstance(action, FollowRound):
+      members = ", ".join(self._members_of(action.lost))
+      self.say(f"the chief's launcher started round {action.number}: {members}")
     elif isinstance(event, AllDone):
       self.say("every task finished: done")
     elif isinstance(event, StopAsked) and event.preempted:
       self.say(f"every task saved its backup: exiting with {PREEMPTED} (restart to resume)")
-    elif isinstance(event, (Failed, EvaluatorHung)):
+    elif isinstance(event, NewRound):
+      self.say(f"the chief's launcher ended the launch: {action.message}"
+               if event.ended else action.message)
+    elif isinstance(event, (Failed, EvaluatorHung)) and not isinstance(action, Report):
       self.say("no restarts left (--max-restarts): stopping every task")
+
+  def _members_of(self, lost) -> list[str]:
+    return [w for w in self.workers if w not in lost]
 
   def _restart_alone(self, name: str, watch: "_Watch") -> None:
     cause = next(r for r in self._running if r.plan.name == name)
@@ -483,6 +679,10 @@ class _Watch:
   waiting: dict = dataclasses.field(default_factory=dict)  # Servers not up yet.
   rejoining: dict = dataclasses.field(default_factory=dict)  # Tasks restarted alone.
   noise_said: int = 0
+  polled: float = 0.0  # A following launcher's last poll of the rounds.
+  answered: float = dataclasses.field(default_factory=time.monotonic)  # Its last answer.
+  inbox: list = dataclasses.field(default_factory=list)  # The rendezvous' events, unread.
+  joined_at: dict = dataclasses.field(default_factory=dict)  # Launchers back: the epoch then.
 
   def __post_init__(self, deadlines: Deadlines) -> None:
     self.waiting = dict(self.plan.peers)  # Every task's server, this host's and its peers'.

@@ -79,15 +79,28 @@ class Backup(keras.callbacks.BackupAndRestore):
       shutil.rmtree(self.directory, ignore_errors=True)
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
+    if not fresh:
+      self._adopt_newest()
+
+  def _adopt_newest(self) -> None:
+    """Takes the newest of every task's backups when it is newer than this task's own: a
+    worker back in an elastic cluster (or renumbered) resumes where the cluster is, not where
+    it left. Synchronous replicas save the same state at the same step (tfdist's preemption
+    agreement, the epoch's end), so any task's newest backup is this task's."""
+    parent = os.path.dirname(self.directory)
+    with contextlib.suppress(OSError):
+      others = [os.path.join(parent, name) for name in os.listdir(parent)]
+      newest = max(others, key=_saved_position, default=self.directory)
+      if _saved_position(newest) > _saved_position(self.directory):
+        os.makedirs(self.directory, exist_ok=True)
+        for path in (self._weights_path, self._training_metadata_path):
+          shutil.copyfile(os.path.join(newest, os.path.basename(path)), path + ".adopting")
+          os.replace(path + ".adopting", path)
 
   def saved_position(self) -> tuple[int, int]:
     """The epoch and the steps done in it that training resumes at ((0, 0): no backup); the
     steps are 0 unless a preemption saved the backup within an epoch."""
-    for name in ("training_metadata.json", "training_metadata.json.bkp"):
-      with contextlib.suppress(OSError, ValueError, KeyError):
-        saved = json.loads(pathlib.Path(self.directory, name).read_text())
-        return int(saved["epoch"]), int(saved.get("batch") or 0)
-    return 0, 0
+    return max(_saved_position(self.directory), (0, 0))
 
   def save_position(self, epoch: int, step: int) -> None:
     """Saves the backup `step` steps into `epoch` (a preemption's save, between two calls)."""
@@ -117,6 +130,15 @@ class Backup(keras.callbacks.BackupAndRestore):
     super().on_train_end(logs)
     with contextlib.suppress(OSError):  # The parent, once every task's backup is gone.
       os.rmdir(os.path.dirname(self.directory))
+
+
+def _saved_position(directory: str) -> tuple[int, int]:
+  """(epoch, steps into it) of the backup in `directory`; (-1, -1) without one."""
+  for name in ("training_metadata.json", "training_metadata.json.bkp"):
+    with contextlib.suppress(OSError, ValueError, KeyError):
+      saved = json.loads(pathlib.Path(directory, name).read_text())
+      return int(saved["epoch"]), int(saved.get("batch") or 0)
+  return -1, -1
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

@@ -1,0 +1,77 @@
+"""The per-host rendezvous (`tfdist.launch.rendezvous`) over its own HTTP, against the rules
+written out here: rounds, joins of lost workers, reports of the current round only, a launcher
+that leaves or goes silent, one done."""
+
+import time
+
+import pytest
+
+from tfdist.launch.decisions import Failed, Left, Preempted
+from tfdist.launch.rendezvous import Client, Host, Round
+from tfdist.machine.ports import free_ports
+
+WORKERS = ("worker-0", "worker-1", "worker-2")
+
+
+@pytest.fixture
+def host():
+  (port,) = free_ports(1)
+  served = Host(f"127.0.0.1:{port}", WORKERS, silence=1.0)
+  yield served
+  served.close()
+
+
+def test_launchers_see_each_round_and_a_lost_worker_back_is_a_join(host):
+  one, two = Client(host.address, "worker-1"), Client(host.address, "worker-2")
+  assert one.join() == Round(0) and two.poll() == Round(0)
+  host.publish(("worker-2",))
+  assert one.poll() == Round(1, ("worker-2",), open=False)
+  two.poll()  # A dropped launcher's last poll is no join.
+  assert host.joined() == {}
+  back = Client(host.address, "worker-2")
+  assert back.join() == Round(1, ("worker-2",), open=False)
+  assert list(host.joined()) == ["worker-2"]
+  host.publish(())
+  assert host.joined() == {} and back.poll() == Round(2, open=False)
+  host.publish((), ended=(0, "done"))
+  assert one.poll() == Round(3, (), (0, "done"), open=False)
+
+
+def test_a_round_opens_once_every_members_launcher_stopped_its_tasks(host):
+  """An old task's server would take its new peers' connections: no task of a round starts
+  before every member's launcher stopped its own."""
+  one, two = Client(host.address, "worker-1"), Client(host.address, "worker-2")
+  host.publish(())
+  assert not host.ready(timeout=0.2)  # The chief's launcher stopped; the others not yet.
+  assert not one.poll(ready=1).open
+  assert not two.poll(ready=0).open  # Still stopping its round-0 task.
+  assert two.poll(ready=1).open and one.poll().open and host.ready(timeout=0)
+
+
+def test_reports_of_the_current_round_reach_the_chief_and_stale_ones_do_not(host):
+  one = Client(host.address, "worker-1")
+  one.report(Failed("worker-1", 1, "failed (exit code 1)"), 0)
+  one.report(Preempted("worker-1"), 0)
+  assert host.events() == [Failed("worker-1", 1, "failed (exit code 1)"),
+                           Preempted("worker-1")]
+  host.publish(())
+  one.report(Failed("worker-1", 1, "failed (exit code 1)"), 0)  # About round 0: stale.
+  assert host.events() == []
+
+
+def test_a_launcher_that_leaves_or_goes_silent_is_left_and_one_done_is_not(host):
+  one, two, three = (Client(host.address, w) for w in WORKERS)
+  for client in (one, two, three):
+    client.poll()
+  one.leave()
+  three.leave(done=True)
+  assert host.events() == [Left(("worker-0",), "its launcher was stopped")]
+  time.sleep(1.3)  # worker-1 polls no more: past the silence, its host is lost.
+  (event,) = host.events()
+  assert event.tasks == ("worker-1",) and "its launcher went silent" in event.why
+  assert host.events() == []
+
+
+def test_no_chief_launcher_is_none_not_an_error():
+  (port,) = free_ports(1)
+  assert Client(f"127.0.0.1:{port}", "worker-1").poll() is None

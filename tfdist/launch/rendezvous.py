@@ -1,0 +1,241 @@
+"""Per-host launches agree on their members through the chief's launcher, as torchrun's c10d
+rendezvous hosts its store in the first agent: the chief's launcher keeps the rounds (which
+configured workers are in) and hears the others; every other launcher joins, follows the rounds
+and reports its task's failures. A round is the cluster for one start of the tasks.
+
+The chief's launcher decides (`decisions.decide`): a failure reported, a launcher that left or
+went silent, a launcher back (`Host.joined`); each of its decisions that changes who runs or
+restarts them is a new round, and its end is the last. Small JSON over HTTP on the chief's host
+(`tfdist launch --rendezvous-port`), one request a poll.
+
+```python
+host = Host("127.0.0.1:29400", workers=("worker-0", "worker-1", "worker-2"), silence=60)
+client = Client("127.0.0.1:29400", "worker-2")
+client.join()                      # Round(number=0, lost=(), ended=None)
+host.publish(lost=("worker-2",))   # round 1 goes on without worker-2
+client.poll().lost                 # ("worker-2",)
+host.close()
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from tfdist.config.tf_config import split_address
+from tfdist.launch.decisions import Failed, Left, Preempted
+
+_TIMEOUT = 2.0  # Seconds a request to the chief's launcher may take.
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+  """One start of the cluster: its number, the configured workers it runs without (their
+  names in the config), once the launch ended its (exit code, reason), and whether it is open:
+  every member's launcher stopped its tasks of the rounds before (a task starts only then: an
+  old task's server would take the new one's peers)."""
+  number: int
+  lost: tuple[str, ...] = ()
+  ended: tuple[int, str] | None = None
+  open: bool = True
+
+  def to_json(self) -> dict:
+    return {"number": self.number, "lost": list(self.lost),
+            "ended": list(self.ended) if self.ended else None, "open": self.open}
+
+  @classmethod
+  def from_json(cls, data: dict) -> "Round":
+    return cls(int(data["number"]), tuple(data["lost"]),
+               tuple(data["ended"]) if data["ended"] else None, bool(data["open"]))
+
+
+class Host:
+  """The rendezvous in the chief's launcher: serves the rounds on `address` and collects what
+  the other launchers say.
+
+  Args:
+    address: host:port to serve on (the chief's host, `--rendezvous-port`).
+    workers: the configured workers' names.
+    silence: seconds a member's launcher may go without a poll before it counts as gone.
+    name: the task the chief's launcher runs itself.
+  """
+
+  def __init__(self, address: str, workers: tuple[str, ...], silence: float,
+               name: str = "worker-0"):
+    self.address = address
+    self.workers = workers
+    self.silence = silence
+    self.name = name
+    self._lock = threading.Lock()
+    self._round = Round(0)
+    self._ready: dict[str, int] = {}  # The newest round each launcher stopped its tasks for.
+    self._inbox: list = []  # Failed, Preempted and Left events, in arrival order.
+    self._seen: dict[str, float] = {}
+    self._joined: dict[str, float] = {}  # Lost workers whose launcher is back: when.
+    host, port = split_address(address)
+    self._server = http.server.ThreadingHTTPServer((host, port), _handler(self))
+    self._server.daemon_threads = True
+    threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+  @property
+  def round(self) -> Round:
+    with self._lock:
+      return self._round
+
+  def publish(self, lost: tuple[str, ...], ended: tuple[int, str] | None = None) -> Round:
+    """A new round without `lost` (or the launch's end): every launcher follows it; the round
+    opens once every member's launcher (this one too: `ready`) stopped its tasks."""
+    with self._lock:
+      self._round = Round(self._round.number + 1, tuple(lost), ended, open=False)
+      self._joined = {n: t for n, t in self._joined.items() if n in lost}
+      self._seen = {}  # Silence is counted afresh: every launcher restarts its task.
+      return self._round
+
+  def events(self) -> list:
+    """What the other launchers said since the last call, and members gone silent."""
+    now = time.monotonic()
+    with self._lock:
+      events, self._inbox = self._inbox, []
+      for name, seen in list(self._seen.items()):
+        if now - seen > self.silence and name not in self._round.lost and name != self.name:
+          events.append(Left((name,), f"its launcher went silent ({now - seen:.0f} s without "
+                                      "a poll: its host is lost)"))
+          del self._seen[name]
+    return events
+
+  def ready(self, timeout: float) -> bool:
+    """This launcher stopped its tasks: waits up to `timeout` seconds for the round to open
+    (every member's launcher stopped its own); whether it did."""
+    deadline = time.monotonic() + timeout
+    self._poll(self.name, join=False, ready=self.round.number)
+    while not self.round.open:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.1)
+    return True
+
+  def joined(self) -> dict[str, float]:
+    """{lost worker whose launcher is back: when it joined (monotonic)}."""
+    with self._lock:
+      return dict(self._joined)
+
+  def close(self) -> None:
+    self._server.shutdown()
+    self._server.server_close()
+
+  # -- what the other launchers say ------------------------------------------------------------
+
+  def _poll(self, name: str, join: bool, ready: int = -1) -> Round:
+    with self._lock:
+      if name in self._round.lost:
+        if join:
+          self._joined.setdefault(name, time.monotonic())
+      else:
+        self._seen[name] = time.monotonic()
+        self._ready[name] = max(self._ready.get(name, -1), ready)
+      number = self._round.number
+      members = [w for w in self.workers if w not in self._round.lost]
+      if not self._round.open and all(self._ready.get(m, -1) >= number
+                                      for m in {*members, self.name}):
+        self._round = dataclasses.replace(self._round, open=True)
+      return self._round
+
+  def _said(self, body: dict) -> None:
+    with self._lock:
+      if body.get("round", self._round.number) != self._round.number:
+        return  # About a round already replaced.
+      name = str(body["name"])
+      if body["what"] == "done":
+        self._seen.pop(name, None)
+      elif body["what"] == "left":
+        self._inbox.append(Left((name,), "its launcher was stopped"))
+        self._seen.pop(name, None)
+      elif body["what"] == "preempted":
+        self._inbox.append(Preempted(name))
+      else:
+        self._inbox.append(Failed(name, body.get("code"), str(body.get("how", "failed"))))
+
+
+def _handler(host: Host):
+  class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # pylint: disable=invalid-name
+      query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+      name = query.get("name", [""])[0]
+      self._answer(host._poll(name, join=query.get("join") == ["1"],
+                              ready=int(query.get("ready", ["-1"])[0])).to_json())
+
+    def do_POST(self):  # pylint: disable=invalid-name
+      body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+      host._said(body)
+      self._answer({"ok": True})
+
+    def _answer(self, data: dict) -> None:
+      payload = json.dumps(data).encode()
+      self.send_response(200)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(payload)))
+      self.end_headers()
+      self.wfile.write(payload)
+
+    def log_message(self, *args):  # Quiet: the launcher says what matters.
+      del args
+  return Handler
+
+
+class Client:
+  """A launcher's side of the rendezvous: it joins, polls the rounds and reports.
+
+  Args:
+    address: the chief's launcher's host:port.
+    name: this launcher's task, as the config names it ("worker-2").
+  """
+
+  def __init__(self, address: str, name: str):
+    self.address = address
+    self.name = name
+
+  def join(self) -> Round | None:
+    """Says this launcher is here (and has no task running); the current round, or None if
+    the chief's is not up."""
+    return self._get(join=True, ready=-1)
+
+  def poll(self, ready: int = -1) -> Round | None:
+    """The current round; None if the chief's launcher does not answer. `ready`: this
+    launcher stopped its tasks for round `ready`."""
+    return self._get(join=False, ready=ready)
+
+  def report(self, event, round_number: int) -> None:
+    """This launcher's task failed or was preempted in round `round_number`."""
+    what = "preempted" if isinstance(event, Preempted) else "failed"
+    self._post({"what": what, "name": self.name, "round": round_number,
+                "code": getattr(event, "code", None), "how": getattr(event, "how", "")})
+
+  def leave(self, done: bool = False) -> None:
+    """This launcher is stopping (a signal): the others go on without it; `done`: its task
+    finished training (its silence is no loss)."""
+    self._post({"what": "done" if done else "left", "name": self.name})
+
+  def _get(self, join: bool, ready: int) -> Round | None:
+    query = urllib.parse.urlencode({"name": self.name, "ready": ready,
+                                    **({"join": "1"} if join else {})})
+    try:
+      with urllib.request.urlopen(f"http://{self.address}/round?{query}",
+                                  timeout=_TIMEOUT) as answer:
+        return Round.from_json(json.load(answer))
+    except (OSError, ValueError, KeyError):
+      return None
+
+  def _post(self, body: dict) -> None:
+    request = urllib.request.Request(f"http://{self.address}/said", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+      urllib.request.urlopen(request, timeout=_TIMEOUT).close()
+    except OSError:
+      pass  # The chief's launcher is gone: the next poll says so.
