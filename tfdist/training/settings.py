@@ -160,7 +160,9 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
   from tfdist.training import fused_updates, keras_fixes
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   training = config.training
-  fused = training.fused_optimizer and fused_updates.install(inner)
+  # A sharded optimizer updates a shard held in no variable: Keras's own update, unfused.
+  fused = (training.fused_optimizer and not training.shard_optimizer and
+           fused_updates.install(inner))
   compressed = config.training.gradient_compression
   if compressed != "none":
     from tfdist.training import compression

@@ -5,10 +5,13 @@ SGD's momentum) for 1/N of the weights only, instead of a whole copy each.
 The trainable variables are laid end to end in one flat vector, cut into N equal shards (the
 last padded); replica r's slots are variables of one shard's size. Each step, after Keras's
 all-reduce of the gradients (TensorFlow's collectives offer no reduce-scatter under these
-strategies, and none at all on CPU: tests/test_sharded_optimizer.py, BUILD_NOTES.md), replica r updates its shard of the weights with its shard of the
-gradients and its slots (the optimizer's own `update_step`, elementwise, so the arithmetic is
-the unsharded one's), and the updated shards are all-gathered into every replica's weights:
-per step an all-reduce of the gradients plus an all-gather of the weights.
+strategies, and none at all on CPU: tests/test_sharded_optimizer.py, BUILD_NOTES.md), replica
+r updates its shard of the weights with its shard of the gradients and its slots (the
+optimizer's own `update_step`, elementwise, so the arithmetic is the unsharded one's), and the
+updated shards are all-gathered into every replica's weights: per step an all-reduce of the
+gradients plus an all-gather of the weights. The shard of the weights being updated is a
+tensor inside the step (`_Shard`), not a variable: a replica holds nothing beyond its slots'
+shards, 1/N of the unsharded optimizer's state.
 
 Files stay whole: the optimizer saves and loads its variables in the order and shapes the
 unsharded optimizer has (each slot gathered from its shards), so `model.save`, ModelCheckpoint
@@ -99,18 +102,39 @@ def describe(optimizer, variables) -> str | None:
     return None
   weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
   n = state.replicas
-  saved = state.slots_per_weight * weights * (n - 1) / n - weights / n  # Less the scratch.
+  saved = state.slots_per_weight * weights * (n - 1) / n
   return (f"{type(inner).__name__}'s state sharded over {n} replicas, "
           f"{saved / 2**20:.2f} MiB less on each (training.shard_optimizer: false)")
 
 
 def shard_bytes(optimizer) -> int:
-  """The bytes of optimizer state one replica holds: its slots' shards (and the scratch shard of
-  the weights they update)."""
+  """The bytes of optimizer state one replica holds: its slots' shards."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   state = inner.tfdist_shards
   return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-             for v in [*state.slots.values(), state.weights])
+             for v in state.slots.values())
+
+
+class _Shard:
+  """What the shard optimizer updates: replica r's shard of the weights as a tensor inside the
+  step (no variable holds it). Keras's optimizers read a variable's `dtype`, find its slots by
+  `_var_key` (`_unique_id` under TensorFlow) and change it only through `assign`,
+  `assign_add` and `assign_sub`: each makes the next value here."""
+
+  def __init__(self, size: int, dtype: str, name: str):
+    self.shape, self.dtype, self.name, self.path = (size,), dtype, name, name
+    self._unique_id = f"tfdist/{name}"
+    self.trainable = True
+    self.value = None
+
+  def assign(self, value):
+    self.value = tf.convert_to_tensor(value, self.dtype)
+
+  def assign_add(self, value):
+    self.value = self.value + value
+
+  def assign_sub(self, value):
+    self.value = self.value - value
 
 
 class _Shards:
@@ -146,9 +170,12 @@ class _Shards:
               "name": f"{optimizer.name}_shard"}
     shard = type(optimizer).from_config(config)
     shard._iterations = optimizer._iterations  # Adam's bias correction counts the real steps.
+    self.weights = _Shard(self.size, dtypes.pop(), f"{optimizer.name}_weights_shard")
+    # Slots shaped as the shard, made without TensorFlow's colocation with a variable (there is
+    # none), each a mirrored variable whose component on replica r holds r's shard.
+    shard.add_variable_from_reference = types.MethodType(BaseOptimizer.add_variable_from_reference,
+                                                         shard)
     with self.strategy.scope():
-      self.weights = keras.Variable(np.zeros([self.size], dtypes.pop()), trainable=False,
-                                    name="tfdist_weights_shard")
       self.slots = _made_by(shard, lambda: shard.build([self.weights]))
     names = sorted(self.slots)  # Every save gathers them: one function, traced once.
     self._gather_slots = tf.function(
@@ -156,10 +183,8 @@ class _Shards:
                                               self.strategy.experimental_local_results(
                                                   self.slots[n].value)])
                  for n in names])
-    self.shard = shard
-    if "update_step" in vars(optimizer):  # tfdist's fused kernels were installed on it.
-      from tfdist.training import fused_updates
-      fused_updates.install(shard)
+    self.shard = shard  # Keras's own update_step: a fused kernel needs a variable to update.
+    self.anchor = self.slots[names[0]]  # Places each replica's update on its device.
     self.order = self.whole_order()
     optimizer.built = True
 
@@ -176,12 +201,13 @@ class _Shards:
     # by the accumulation steps, the shard optimizer's the same.
     self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
 
-    def update_shard(shard, *values):
-      replica = self.replica_of[tf.DeviceSpec.from_string(shard.device).to_string()]
-      shard.assign(self._slice(values[len(grads):], replica))
-      self.shard.update_step(self._slice(values[:len(grads)], replica), shard, learning_rate)
-      return tf.identity(shard.read_value())
-    shards = distribution.extended.update(self.weights.value, update_shard,
+    def update_shard(slot, *values):
+      replica = self.replica_of[tf.DeviceSpec.from_string(slot.device).to_string()]
+      self.weights.assign(self._slice(values[len(grads):], replica))
+      self.shard.update_step(self._slice(values[:len(grads)], replica), self.weights,
+                             learning_rate)
+      return tf.identity(self.weights.value)
+    shards = distribution.extended.update(self.anchor.value, update_shard,
                                           args=(*grads, *variables), group=False)
     whole = self._gather(distribution, shards if isinstance(shards, (tuple, list)) else [shards])
     for variable, piece in zip(variables, self._pieces(whole)):

@@ -1,0 +1,69 @@
+"""Every variable this process holds, by device, after `tfdist.fit` trained a model with Adam on
+mirrored over N logical CPUs, and the distance to plain Keras's weights on one device.
+
+Prints `HELD {device: bytes}` (every TensorFlow variable alive but the model's weights, counted
+from the garbage collector's objects), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
+(Adam's two moments unsharded: twice the weights) and `MAX_DIFF x` (the largest difference
+from plain Keras).
+
+Usage: python -m tests.programs.sharded_bytes N off|optimizer"""
+
+import gc
+import json
+import sys
+
+import numpy as np
+
+
+def model_fn():
+  import keras
+  keras.utils.set_random_seed(3)
+  return keras.Sequential([keras.Input((16,)), keras.layers.Dense(200, activation="relu"),
+                           keras.layers.Dense(2)])
+
+
+def compile_args():
+  import keras
+  return dict(optimizer=keras.optimizers.Adam(0.01),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def plain():
+  from tests.programs import custom_loop
+  model = model_fn()
+  model.compile(**compile_args())
+  x, y = custom_loop.data()
+  model.fit(x[:192], y[:192], batch_size=96, epochs=2, shuffle=False, verbose=0)
+  return model.get_weights()
+
+
+def main(replicas: str, mode: str) -> None:
+  import tensorflow as tf
+  import tfdist
+  from tensorflow.python.ops import resource_variable_ops
+  from tests.programs import custom_loop
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
+            "training": {"global_batch_size": 96, "epochs": 2, "mixed_precision": "off",
+                         "steps_per_execution": 1, "fused_optimizer": False,
+                         "shard_optimizer": mode != "off"}}
+  x, y = custom_loop.data()
+  model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
+                     compile=compile_args).model
+  weights = {id(component) for w in model.weights
+             for component in model.distribute_strategy.experimental_local_results(w.value)}
+  gc.collect()
+  held = {}
+  for obj in gc.get_objects():
+    if isinstance(obj, resource_variable_ops.BaseResourceVariable) and id(obj) not in weights:
+      device = tf.DeviceSpec.from_string(obj.device).to_string()
+      held[device] = held.get(device, 0) + int(np.prod(obj.shape)) * obj.dtype.size
+  one = sum(w.numpy().nbytes for w in model.weights)
+  print("HELD " + json.dumps(held), flush=True)
+  print(f"WEIGHTS {one}\nSLOTS {2 * one}", flush=True)
+  diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), plain(),
+                                                          strict=True))
+  print(f"MAX_DIFF {diff}", flush=True)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
