@@ -1,49 +1,63 @@
-"""Optimizer-state sharding (`training.shard_optimizer`, issue 34) against the unsharded run: 2
-MultiWorkerMirrored workers on 127.0.0.1, each pinned to a core, the benchmark MLP (1.86 M
-parameters, Adam, float32, 256 examples per worker per step, 8 steps per call), interleaved
-rounds in one run. Per setup: the optimizer bytes each worker holds (counted from its
-optimizer's variables), examples/s, and the ratio to the unsharded run (target >= 0.9).
+"""Optimizer-state sharding (`training.shard_optimizer`, ZeRO stage 1) and gradient sharding
+(`training.shard_gradients`, stage 2) against the unsharded run, N = 2, 3 and 4 replicas: as
+logical CPUs of one process (mirrored) and as worker processes on 127.0.0.1
+(multi_worker_mirrored, each pinned to a core: more workers than cores share them). The
+benchmark MLP (1.86 M parameters, Adam, float32, 256 examples per replica per step, 8 steps per
+call), interleaved rounds in one run. Per setup: the bytes a replica holds beyond the weights,
+counted from every variable its process holds; examples/s; the ratio to the unsharded run.
 
-The bytes each worker sends and receives per step, from the ring model: unsharded, an
-all-reduce of the gradients, 2(N-1)/N x G; sharded, that plus an all-gather of the weights,
-(N-1)/N x W (TensorFlow's collectives offer these strategies no reduce-scatter).
+Bytes each replica sends per step, from the ring model: unsharded, an all-reduce of the
+gradients, 2(N-1)/N x G; stage 1, that plus an all-gather of the weights, (N-1)/N x W; stage 2,
+a reduce-scatter, (N-1)/N x G, plus the all-gather.
 
-  python -m benchmarks.bench_optimizer_sharding [--rounds 1]
+  python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4]
 """
 
 import statistics
 
 from absl import app, flags
 
-from benchmarks.bench_scaling import GRADIENT_BYTES, TRAINING, cluster, run, value
+from benchmarks.bench_scaling import GRADIENT_BYTES, TRAINING, cluster, run, training, value
 
+flags.DEFINE_list("replicas", ["2", "3", "4"], "Replica counts.")
 FLAGS = flags.FLAGS  # --rounds: bench_scaling's flag (interleaved runs of each setup).
-WORKERS = 2
+STAGES = {"unsharded": {}, "stage 1": {"shard_optimizer": "true"},
+          "stage 2": {"shard_optimizer": "true", "shard_gradients": "true"}}
+
+
+def sent(stage: str, n: int) -> float:
+  gradients = (n - 1) / n * GRADIENT_BYTES
+  return {"unsharded": 2 * gradients, "stage 1": 3 * gradients,
+          "stage 2": 2 * gradients}[stage]
 
 
 def main(argv):
   del argv
-  sharded = TRAINING.replace("}", ", shard_optimizer: true}")
-  setups = {"unsharded": cluster(WORKERS) + TRAINING, "sharded": cluster(WORKERS) + sharded}
-  speed = {name: [] for name in setups}
-  held = {}
-  for _ in range(FLAGS.rounds):
-    for name, text in setups.items():
-      output = run(text, "train", WORKERS)
-      speed[name].append(value(output, "EXAMPLES_PER_SECOND"))
-      held[name] = int(value(output, "OPTIMIZER_BYTES"))
-  base = statistics.median(speed["unsharded"])
-  ring = 2 * (WORKERS - 1) / WORKERS * GRADIENT_BYTES
-  sent = {"unsharded": ring, "sharded": ring + (WORKERS - 1) / WORKERS * GRADIENT_BYTES}
-  print(f"{WORKERS} workers, Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters)\n")
-  print("| setup | optimizer bytes per worker | examples/s (runs) | ratio | "
-        "bytes sent per step per worker |")
-  print("|---|---|---|---|---|")
-  for name in setups:
-    runs = speed[name]
-    print(f"| {name} | {held[name] / 2**20:.2f} MiB | {statistics.median(runs):,.0f} "
-          f"({', '.join(f'{r:,.0f}' for r in runs)}) | {statistics.median(runs) / base:.2f} | "
-          f"{sent[name] / 2**20:.2f} MiB |")
+  rows = []
+  for n in (int(r) for r in FLAGS.replicas):
+    for where in ("logical CPUs", "processes"):
+      speed, held = {s: [] for s in STAGES}, {}
+      for _ in range(FLAGS.rounds):
+        for stage, settings in STAGES.items():
+          train = training(TRAINING, **settings)
+          if where == "processes":
+            output = run(cluster(n) + train, "train", n)
+          else:
+            output = run(f"strategy: mirrored\ndevices: {{logical_cpus: {n}}}\n" + train,
+                         "train", 1, all_cores=True)
+          speed[stage].append(value(output, "EXAMPLES_PER_SECOND"))
+          held[stage] = int(value(output, "OPTIMIZER_BYTES"))
+      base = statistics.median(speed["unsharded"])
+      for stage in STAGES:
+        runs = speed[stage]
+        rows.append(f"| {n} | {where} | {stage} | {held[stage] / 2**20:.2f} MiB | "
+                    f"{statistics.median(runs):,.0f} ({', '.join(f'{r:,.0f}' for r in runs)}) "
+                    f"| {statistics.median(runs) / base:.2f} | {sent(stage, n) / 2**20:.2f} MiB |")
+  print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters)\n")
+  print("| N | replicas as | setup | bytes a replica holds beyond the weights | examples/s "
+        "(runs) | ratio | bytes sent per step per replica (ring model) |")
+  print("|---|---|---|---|---|---|---|")
+  print("\n".join(rows))
 
 
 if __name__ == "__main__":

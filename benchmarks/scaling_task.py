@@ -3,7 +3,8 @@ its threads; BENCH_ALL_CORES=1: not pinned). Modes:
 
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
              `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x`, `LOSSES <one per epoch>` and
-             `OPTIMIZER_BYTES x` (the optimizer state it holds)
+             `OPTIMIZER_BYTES x` (the bytes a replica holds beyond the weights, from every
+             variable of the process)
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
 
@@ -37,17 +38,14 @@ def train(config):
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
   return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
           "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses),
-          f"OPTIMIZER_BYTES {optimizer_bytes(history.model.optimizer)}"]
+          f"OPTIMIZER_BYTES {held_bytes(history.model)}"]
 
 
-def optimizer_bytes(optimizer) -> int:
-  """The optimizer state this task holds: its slots (sharded: its shards of them)."""
-  from tfdist.training import sharded_optimizer
-  inner = getattr(optimizer, "inner_optimizer", optimizer)
-  if hasattr(inner, "tfdist_shards"):
-    return sharded_optimizer.shard_bytes(inner)
-  return sum(v.numpy().nbytes for v in inner.variables
-             if v.name not in ("iteration", "learning_rate"))
+def held_bytes(model) -> int:
+  """The bytes one replica of this task holds beyond the weights (the optimizer's state), from
+  every variable the process holds."""
+  from tfdist.testing.memory import held_beyond_weights
+  return max(held_beyond_weights(model).values())
 
 
 def allreduce(config):

@@ -250,13 +250,18 @@ def test_the_estimate_says_when_sharding_the_optimizer_makes_a_model_fit():
   whole, sharded = plan["data_parallel"], plan["sharded"]
   trainable = model.count_params() * 4
   assert whole.optimizer == 2 * trainable
-  assert sharded.optimizer == 3 * (-(-model.count_params() // 4)) * 4  # 2 slots + the shard.
+  assert sharded.optimizer == 2 * (-(-model.count_params() // 4)) * 4  # Adam's 2 slots, 1/4.
+  both = plan["sharded_gradients"]  # Stage 2: the reduced gradients a quarter too.
+  assert (both.optimizer, both.gradients) == (sharded.optimizer, -(-whole.gradients // 4))
   between = (whole.total + sharded.total) // 2
   assert estimates.recommend(plan, between).startswith(
       "data parallel with the optimizer's state sharded (training.shard_optimizer: true): ")
+  assert estimates.recommend(plan, (sharded.total + both.total) // 2).startswith(
+      "data parallel with the optimizer's state and the gradients sharded "
+      "(training.shard_optimizer and training.shard_gradients: true): ")
   assert estimates.recommend(plan, whole.total).startswith("data parallel: the whole model")
-  assert estimates.recommend(plan, sharded.total - 1).startswith("split into") or \
-      estimates.recommend(plan, sharded.total - 1).startswith("does not fit")
+  assert estimates.recommend(plan, both.total - 1).startswith("split into") or \
+      estimates.recommend(plan, both.total - 1).startswith("does not fit")
 
 
 _ESTIMATED_MODELS = (
@@ -287,9 +292,11 @@ def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   assert any(line.startswith("data parallel, each") and f"{weights:.2f} MiB" in line
              and f"{2 * weights:.2f} MiB" in line for line in lines)  # Adam: 2 slots.
   assert "data parallel: the whole model fits each device" in done.stdout
-  # Sharded (issue 34): Adam's two slots of half the weights, and the half they update.
-  sharded = 3 * 407045 * 4 / 2 ** 20
+  # Sharded (issues 34, 53): Adam's two slots of half the weights; stage 2 half the gradients.
+  sharded = 2 * 407045 * 4 / 2 ** 20
   assert any(line.startswith("  optimizer sharded") and f"{sharded:.2f} MiB" in line
+             for line in lines), done.stdout
+  assert any(line.startswith("  + gradients sharded") and f"{sharded / 2:.2f} MiB" in line
              for line in lines), done.stdout
   # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
@@ -363,7 +370,7 @@ def test_tfdist_estimate_reads_the_clusters_replicas_and_the_sharded_optimizer(t
                         f"per replica), {workers} replica(s): {workers} worker(s) x 1 "
                         "device(s) (multi_worker_mirrored); split over this process's 1 "
                         "device(s): CPU:0"), lines[0]
-    sharded = (2 + 1) * 814090 * 4 / workers / 2 ** 20
+    sharded = 2 * 814090 * 4 / workers / 2 ** 20
     assert any(line.startswith("  optimizer sharded") and f"{sharded:.2f} MiB" in line
                for line in lines), done.stdout
   else:

@@ -72,17 +72,20 @@ def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs
       per_device[component.device] = per_device.get(component.device, 0) + \
           int(np.prod(component.shape)) * 4
   assert len(per_device) == 2
-  for held in per_device.values():  # Half, and at most one padding element per slot.
-    assert whole_bytes / 2 <= held <= whole_bytes / 2 + 4 * len(inner.tfdist_shards.slots)
+  for held in per_device.values():  # Half, each shard cut as TensorFlow's ring cuts a chunk.
+    assert whole_bytes / 2 <= held <= whole_bytes / 2 + 64 * len(inner.tfdist_shards.slots)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
 @pytest.mark.parametrize("training,clip", [
     ({"gradient_accumulation_steps": 2}, None),
     ({}, 0.05),
     ({"mixed_precision": "float16"}, None),
 ], ids=["accumulation", "global_clipnorm", "loss_scaling"])
-def test_sharded_equals_unsharded_with_accumulation_clipping_and_loss_scaling(training, clip):
-  whole, sharded = _fit("adam", False, clip, **training), _fit("adam", True, clip, **training)
+def test_sharded_equals_unsharded_with_accumulation_clipping_and_loss_scaling(training, clip,
+                                                                             stage):
+  whole = _fit("adam", False, clip, **training)
+  sharded = _fit("adam", True, clip, shard_gradients=stage == 2, **training)
   _assert_same(sharded.get_weights(), whole.get_weights())
   assert hasattr(getattr(sharded.optimizer, "inner_optimizer", sharded.optimizer),
                  "tfdist_shards")
@@ -107,17 +110,19 @@ def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_pa
   assert done.returncode == 0 and "LOADED 10" in done.stdout, done.stderr[-3000:]
 
 
-def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path):
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
   """The backup holds the whole optimizer, so a run over 3 replicas resumes a preempted
   2-replica run's backup, each replica taking its third, and ends with the uninterrupted run's
-  weights."""
+  weights (on one process: stage 1's)."""
   from tests.programs import sharded_resume
 
   def run(logical_cpus, *preempt):
     return subprocess.run([sys.executable, "-m", "tests.programs.sharded_resume",
                            str(logical_cpus), "2", str(tmp_path / "backup"),
                            str(tmp_path / "resumed.npz"), *preempt],
-                          env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+                          env={**ENV, "STAGE": stage}, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
 
   preempted = run(2, "PREEMPT")
   assert preempted.returncode == 42, preempted.stderr[-3000:]
@@ -222,8 +227,46 @@ def test_each_replica_holds_one_nth_of_the_optimizer_state_counting_every_variab
   assert all(0 <= b < 256 for b in others.values()), whole
   for device, held in sharded["held"].items():
     beyond = held - others[device]
-    # 1/N of the moments, plus at most one padding element a moment and the shard optimizer's
-    # own counter and learning rate.
-    assert whole["slots"] / replicas <= beyond <= whole["slots"] / replicas + 2 * 4 + 16, (
+    # 1/N of the moments, plus their shards' padding (each cut as TensorFlow's ring cuts a
+    # chunk: up to 64 bytes more) and the shard optimizer's own counter and learning rate.
+    assert whole["slots"] / replicas <= beyond <= whole["slots"] / replicas + 2 * 64 + 16, (
         device, held, whole)
   assert whole["diff"] < 1e-5 and sharded["diff"] < 1e-5, (whole["diff"], sharded["diff"])
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(replicas):
+  """Stage 2 (`training.shard_gradients`): Keras's all-reduce left out, each replica
+  reduce-scatters its own gradients and updates its shard with its shard of their sum (a sum
+  taken twice, or not at all, would move the weights away from plain Keras's). The state held
+  is stage 1's; the reduced gradients are a shard, a tensor of the step."""
+  stage_1, stage_2 = _held(replicas, "optimizer"), _held(replicas, "gradients")
+  assert stage_2["diff"] < 1e-5, stage_2["diff"]
+  for device, held in stage_2["held"].items():  # The launchers' ordering tokens: 4 bytes.
+    assert stage_1["held"][device] <= held <= stage_1["held"][device] + 4, (stage_1, stage_2)
+
+
+def test_stage_2_across_two_worker_processes_equals_plain_keras(tmp_path):
+  config = tmp_path / "config.yaml"
+  config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+                    "training: {global_batch_size: 96, epochs: 2, mixed_precision: 'off', "
+                    "steps_per_execution: 1, fused_optimizer: false, shard_optimizer: true, "
+                    "shard_gradients: true}\n")
+  done = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
+                         str(tmp_path / "logs"), "--verbose", "--", sys.executable, "-m",
+                         "tests.programs.sharded_bytes", "2", "gradients"],
+                        env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+  diffs = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
+           if "MAX_DIFF" in line]
+  assert len(diffs) == 2 and max(diffs) < 1e-5, done.stdout[-3000:]
+  assert "gradients reduce-scattered" in done.stdout
+
+
+def test_stage_2_without_stage_1_is_refused_in_one_line():
+  with pytest.raises(tfdist.ConfigError) as refused:
+    tfdist.load_config({**MIRRORED, "training": {"shard_gradients": True}})
+  assert str(refused.value) == (
+      "<dict>: training.shard_gradients: needs training.shard_optimizer: true (stage 2 reduces "
+      "each replica's shard of the gradients for its shard of the optimizer's state). "
+      "Received: True")

@@ -39,7 +39,8 @@ def _observe(model, optimizer) -> dict:
           "preemption_signal": signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL,
           "fused": "update_step" in vars(inner),
           "split": hasattr(model, "tfdist_placement"),
-          "sharded": hasattr(inner, "tfdist_shards")}
+          "sharded": hasattr(inner, "tfdist_shards"),
+          "scattered": getattr(getattr(inner, "tfdist_shards", None), "scatter", False)}
 
 
 class _Probe(keras.callbacks.Callback):
@@ -103,6 +104,10 @@ ASKED = {
                                              lambda on, off: _moved(on, off)),
     "training.shard_optimizer": (MIRRORED, {"training": {"shard_optimizer": True}},
                                  lambda on, off: on["sharded"] and not off["sharded"] and
+                                 not _moved(on, off)),
+    "training.shard_gradients": (MIRRORED, {"training": {"shard_optimizer": True,
+                                                         "shard_gradients": True}},
+                                 lambda on, off: on["scattered"] and not off["scattered"] and
                                  not _moved(on, off)),
     "parallel.stages": (DEFAULT, {"parallel": {"stages": [[0], [1]]}},
                         lambda on, off: on["split"] and not off["split"]),

@@ -6,9 +6,9 @@ from the garbage collector's objects), `WEIGHTS bytes` (the model's, one copy), 
 (Adam's two moments unsharded: twice the weights) and `MAX_DIFF x` (the largest difference
 from plain Keras).
 
-Usage: python -m tests.programs.sharded_bytes N off|optimizer"""
+Usage: python -m tests.programs.sharded_bytes N off|optimizer|gradients (under `tfdist
+launch`: the launched config's strategy and training)"""
 
-import gc
 import json
 import sys
 
@@ -38,25 +38,18 @@ def plain():
 
 
 def main(replicas: str, mode: str) -> None:
-  import tensorflow as tf
   import tfdist
-  from tensorflow.python.ops import resource_variable_ops
+  from tfdist.testing.memory import held_beyond_weights
   from tests.programs import custom_loop
-  config = {"strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
-            "training": {"global_batch_size": 96, "epochs": 2, "mixed_precision": "off",
-                         "steps_per_execution": 1, "fused_optimizer": False,
-                         "shard_optimizer": mode != "off"}}
+  config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
+      "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
+      "training": {"global_batch_size": 96, "epochs": 2, "mixed_precision": "off",
+                   "steps_per_execution": 1, "fused_optimizer": False,
+                   "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
   x, y = custom_loop.data()
   model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
                      compile=compile_args).model
-  weights = {id(component) for w in model.weights
-             for component in model.distribute_strategy.experimental_local_results(w.value)}
-  gc.collect()
-  held = {}
-  for obj in gc.get_objects():
-    if isinstance(obj, resource_variable_ops.BaseResourceVariable) and id(obj) not in weights:
-      device = tf.DeviceSpec.from_string(obj.device).to_string()
-      held[device] = held.get(device, 0) + int(np.prod(obj.shape)) * obj.dtype.size
+  held = held_beyond_weights(model)
   one = sum(w.numpy().nbytes for w in model.weights)
   print("HELD " + json.dumps(held), flush=True)
   print(f"WEIGHTS {one}\nSLOTS {2 * one}", flush=True)

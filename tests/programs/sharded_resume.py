@@ -3,7 +3,8 @@ Adam's state sharded, backing up to a checkpoint folder (so a later run resumes 
 writes the weights to an .npz file.
 
 With PREEMPT, the process sends itself SIGTERM when the first epoch ends: tfdist saves the
-backup and exits 42, as under a preemption.
+backup and exits 42, as under a preemption. STAGE=2 in the environment shards the gradients
+too (`training.shard_gradients`).
 
 Usage: sharded_resume.py LOGICAL_CPUS EPOCHS CHECKPOINT_DIR OUT.npz [PREEMPT]"""
 
@@ -13,10 +14,12 @@ import numpy as np
 
 
 def config(logical_cpus: int, epochs: int, checkpoint_dir: str) -> dict:
+  import os
   return {"strategy": "mirrored", "devices": {"logical_cpus": logical_cpus},
           "checkpoint": {"dir": checkpoint_dir},
           "training": {"global_batch_size": 96, "epochs": epochs, "mixed_precision": "off",
-                       "steps_per_execution": 1, "shard_optimizer": True}}
+                       "steps_per_execution": 1, "shard_optimizer": True,
+                       "shard_gradients": os.environ.get("STAGE") == "2"}}
 
 
 def train(logical_cpus: int, epochs: int, checkpoint_dir: str, preempt: bool = False):

@@ -228,6 +228,13 @@ DECISIONS: dict[str, Decision] = {
         refused={SPLIT: "a split model's stages hold different variables on different devices",
                  **_keras()},
         checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs",)),
+    "training.shard_gradients": Decision(
+        "each replica reduces only its shard of the gradients, a reduce-scatter (ZeRO stage 2)",
+        needs=Needs("sharding", "needs strategy {supporting}, whose replicas each keep the "
+                    "optimizer's state; {name} does not"),
+        refused={SPLIT: "a split model's stages hold different variables on different devices",
+                 **_keras()},
+        checked_by=("test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",)),
     "training.gradient_compression": Decision(
         "the gradients' all-reduce in bfloat16 or float16, the update in float32",
         needs=Needs("compression", "needs strategy {supporting}, not {name}: only they "

@@ -119,6 +119,10 @@ def _check_training(config: Config) -> None:
   if signal_name != "SIGTERM" and not config.checkpoint.dir:
     raise ConfigError("needs checkpoint.dir: a preemption notice saves each task's backup "
                       "there", key="checkpoint.preemption_signal", received=signal_name)
+  if training.shard_gradients and not training.shard_optimizer:
+    raise ConfigError("needs training.shard_optimizer: true (stage 2 reduces each replica's "
+                      "shard of the gradients for its shard of the optimizer's state)",
+                      key="training.shard_gradients", received=True)
   if training.shard_optimizer:
     _check_sharding(config)
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:

@@ -241,6 +241,10 @@ class TrainingConfig:
       stage 1) under mirrored and multi_worker_mirrored: Adam's moments take 1/N of the bytes
       on each replica, the weights are the unsharded run's, and files stay whole
       (`tfdist.training.sharded_optimizer`).
+    shard_gradients: also shard the gradients (ZeRO stage 2; needs `shard_optimizer`): each
+      replica receives only its shard of the summed gradients (a reduce-scatter, half an
+      all-reduce's traffic) instead of the whole sum, so the reduced gradients take 1/N of the
+      bytes on each replica; the weights are the unsharded run's.
     gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
       network; the sum is rounded to that precision, as Horovod's fp16 compression) under
       mirrored and multi_worker_mirrored; none keeps them in their own dtype. Spelled
@@ -264,6 +268,7 @@ class TrainingConfig:
   mixed_precision: Literal["off", "auto", "bfloat16", "float16"] = "auto"
   gradient_accumulation_steps: int = _field(1, _POSITIVE)
   shard_optimizer: bool = False
+  shard_gradients: bool = False
   gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
   average_every: int = _field(0, _NON_NEGATIVE)
   scale_learning_rate: bool = False

@@ -118,7 +118,8 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
   Returns:
     A dict: "data_parallel" (the `DeviceMemory` of each replica, its batch `batch / replicas`),
     "sharded" (the same with `training.shard_optimizer`: the optimizer's state of 1/N of the
-    weights, and the shard of the weights it updates), "split" (one `DeviceMemory` per stage,
+    weights), "sharded_gradients" (with `training.shard_gradients` too: the reduced gradients
+    kept for the update are 1/N as well), "split" (one `DeviceMemory` per stage,
     a worker's whole batch through each: `batch` over the workers, `replicas / devices`),
     "stages" (each unit's stage) and "layers" (their names); `render` prints it.
 
@@ -164,10 +165,12 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
            for chosen in [[r for r, s in zip(units, stages) if s == k]]]
   data_parallel = memory(units, replica.kept, replica, replica.gradients)
   trainable = sum(r["trainable"] for r in units)
-  shard = -(-trainable // replicas)  # `training.shard_optimizer`: slots of 1/N, and the scratch
-  sharded = dataclasses.replace(  # copy of the weights' shard they update.
-      data_parallel, optimizer=int(round(shard * ratio)) + shard if ratio else 0)
-  return {"data_parallel": data_parallel, "sharded": sharded, "split": split,
+  shard = -(-trainable // replicas)  # `training.shard_optimizer`: slots of 1/N.
+  sharded = dataclasses.replace(data_parallel, optimizer=int(round(shard * ratio)))
+  sharded_gradients = dataclasses.replace(  # `training.shard_gradients`: a reduced shard.
+      sharded, gradients=-(-data_parallel.gradients // replicas))
+  return {"data_parallel": data_parallel, "sharded": sharded,
+          "sharded_gradients": sharded_gradients, "split": split,
           "stages": stages, "layers": [r["name"] for r in units]}
 
 
@@ -183,6 +186,11 @@ def recommend(plan: dict, capacity: int | None) -> str:
   if sharded and sharded.optimizer < data.optimizer and sharded.total <= capacity:
     return "data parallel with the optimizer's state sharded (training.shard_optimizer: " \
            f"true): {_mib(data.optimizer - sharded.optimizer)} less on each device makes it fit"
+  both = plan.get("sharded_gradients")
+  if both and sharded and sharded.optimizer < data.optimizer and both.total <= capacity:
+    return "data parallel with the optimizer's state and the gradients sharded " \
+           "(training.shard_optimizer and training.shard_gradients: true): " \
+           f"{_mib(data.total - both.total)} less on each device makes it fit"
   if max(m.total for m in split) <= capacity:
     return f"split into {len(split)} stages (parallel: {{stages: balanced}}); the whole model " \
            "does not fit one device"
@@ -289,6 +297,8 @@ def render(plan: dict, capacity: int | None = None) -> str:
   row("data parallel, each", plan["data_parallel"])
   if "sharded" in plan and plan["sharded"].optimizer < plan["data_parallel"].optimizer:
     row("  optimizer sharded", plan["sharded"])
+    if "sharded_gradients" in plan:
+      row("  + gradients sharded", plan["sharded_gradients"])
   for k, m in enumerate(plan["split"]):
     row(f"split, stage {k}", m)
   lines.append(recommend(plan, capacity))

@@ -188,7 +188,7 @@ def _shard(optimizer, strategy, config: Config) -> None:
     raise ConfigError(f"cannot shard this optimizer: {why}", key="training.shard_optimizer",
                       received=type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
                       source=config.source)
-  sharded_optimizer.install(optimizer, strategy)
+  sharded_optimizer.install(optimizer, strategy, gradients=config.training.shard_gradients)
 
 
 def averaging(strategy, config: Config):

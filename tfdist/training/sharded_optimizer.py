@@ -13,6 +13,13 @@ gradients plus an all-gather of the weights. The shard of the weights being upda
 tensor inside the step (`_Shard`), not a variable: a replica holds nothing beyond its slots'
 shards, 1/N of the unsharded optimizer's state.
 
+Stage 2 (`gradients=True`, `training.shard_gradients`): Keras's all-reduce of the gradients is
+left out, and each replica gets its shard of their sum by a reduce-scatter
+(`tfdist.training.reduce_scatter`: TensorFlow's AllToAll, summed as its ring all-reduce sums):
+the reduced gradients take 1/N of the bytes, and a replica sends (N-1)/N of them instead of
+2(N-1)/N. The shards are cut as TensorFlow's ring cuts its chunks (`reduce_scatter.shard_size`)
+in both stages, so either resumes the other's files.
+
 Files stay whole: the optimizer saves and loads its variables in the order and shapes the
 unsharded optimizer has (each slot gathered from its shards), so `model.save`, ModelCheckpoint
 and tfdist's backup write ordinary files, loadable by plain Keras and resumable sharded.
@@ -34,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist.progress as progress
+from tfdist.training import reduce_scatter
 
 # Optimizers whose update is elementwise in every variable: an update of the flat shard is the
 # unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
@@ -55,7 +63,7 @@ def refusal(optimizer) -> str | None:
   return None
 
 
-def install(optimizer, strategy) -> None:
+def install(optimizer, strategy, gradients: bool = False) -> None:
   """Makes `optimizer` (or the optimizer a LossScaleOptimizer wraps) keep its slots sharded over
   the replicas of `strategy`. Call before the optimizer is built, in or out of the strategy's
   scope.
@@ -63,6 +71,7 @@ def install(optimizer, strategy) -> None:
   Args:
     optimizer: a Keras optimizer of `SHARDABLE`, unbuilt.
     strategy: the run's MirroredStrategy or MultiWorkerMirroredStrategy.
+    gradients: also shard the gradients (stage 2): a reduce-scatter instead of the all-reduce.
 
   Example:
 
@@ -79,8 +88,10 @@ def install(optimizer, strategy) -> None:
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   if inner.built:
     raise ValueError("shard the optimizer before it is built (before its first step)")
-  state = _Shards(inner, strategy)
+  state = _Shards(inner, strategy, gradients)
   inner.tfdist_shards = state
+  if gradients:  # Each replica's own gradients reach the update; it reduces its shard there.
+    inner._all_reduce_sum_gradients = types.MethodType(lambda self, pairs: list(pairs), inner)
   inner.build = types.MethodType(lambda self, variables: state.build(variables), inner)
   inner._distributed_tf_update_step = types.MethodType(
       lambda self, distribution, grads_and_vars, learning_rate: state.update(
@@ -103,16 +114,12 @@ def describe(optimizer, variables) -> str | None:
   weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
   n = state.replicas
   saved = state.slots_per_weight * weights * (n - 1) / n
-  return (f"{type(inner).__name__}'s state sharded over {n} replicas, "
-          f"{saved / 2**20:.2f} MiB less on each (training.shard_optimizer: false)")
-
-
-def shard_bytes(optimizer) -> int:
-  """The bytes of optimizer state one replica holds: its slots' shards."""
-  inner = getattr(optimizer, "inner_optimizer", optimizer)
-  state = inner.tfdist_shards
-  return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-             for v in state.slots.values())
+  words = (f"{type(inner).__name__}'s state sharded over {n} replicas, "
+           f"{saved / 2**20:.2f} MiB less on each (training.shard_optimizer: false)")
+  if state.scatter:
+    words += (f"; gradients reduce-scattered, {weights * (n - 1) / n / 2**20:.2f} MiB of "
+              "reduced gradients less on each (training.shard_gradients: false)")
+  return words
 
 
 class _Shard:
@@ -140,8 +147,8 @@ class _Shard:
 class _Shards:
   """The flat layout of a sharded optimizer, its shard optimizer and its whole-file order."""
 
-  def __init__(self, optimizer, strategy):
-    self.optimizer, self.strategy = optimizer, strategy
+  def __init__(self, optimizer, strategy, scatter: bool = False):
+    self.optimizer, self.strategy, self.scatter = optimizer, strategy, scatter
     self.replicas = strategy.num_replicas_in_sync
     ids = strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
@@ -164,7 +171,10 @@ class _Shards:
                        f"to be laid end to end; received {sorted(dtypes)}")
     self.shapes = [tuple(v.shape) for v in variables]
     self.sizes = [int(np.prod(s)) for s in self.shapes]
-    self.size = -(-sum(self.sizes) // self.replicas)  # One shard: the total / N, rounded up.
+    self.size = reduce_scatter.shard_size(sum(self.sizes), self.replicas,
+                                          np.dtype(variables[0].dtype).itemsize)
+    if self.scatter:
+      self.launchers = reduce_scatter.replica_launchers(self.strategy)
     config = {**optimizer.get_config(), "weight_decay": None, "clipnorm": None,
               "clipvalue": None, "global_clipnorm": None, "gradient_accumulation_steps": None,
               "name": f"{optimizer.name}_shard"}
@@ -202,10 +212,17 @@ class _Shards:
     self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
 
     def update_shard(slot, *values):
-      replica = self.replica_of[tf.DeviceSpec.from_string(slot.device).to_string()]
+      device = tf.DeviceSpec.from_string(slot.device).to_string()
+      replica = self.replica_of[device]
+      values = [tf.convert_to_tensor(v) for v in values]  # A sparse gradient made dense.
       self.weights.assign(self._slice(values[len(grads):], replica))
-      self.shard.update_step(self._slice(values[:len(grads)], replica), self.weights,
-                             learning_rate)
+      if self.scatter:  # This replica's own gradients: its shard of their sum.
+        flat = self._slice(values[:len(grads)], 0, self.size * self.replicas)
+        gradient = reduce_scatter.reduce_scatter(self.launchers[device], flat, replica,
+                                                 self.replicas)
+      else:  # Summed already (Keras's all-reduce): its shard of them.
+        gradient = self._slice(values[:len(grads)], replica)
+      self.shard.update_step(gradient, self.weights, learning_rate)
       return tf.identity(self.weights.value)
     shards = distribution.extended.update(self.anchor.value, update_shard,
                                           args=(*grads, *variables), group=False)
@@ -214,10 +231,12 @@ class _Shards:
       distribution.extended.update(variable, lambda v, x: v.assign(x), args=(piece,),
                                    group=False)
 
-  def _slice(self, tensors, replica: int):
+  def _slice(self, tensors, replica: int, length: int | None = None):
     """Replica `replica`'s shard of `tensors` laid end to end (padded with zeros): the pieces
-    of the variables its range covers, cut where they lie (no whole-size copy)."""
-    begin, end = replica * self.size, (replica + 1) * self.size
+    of the variables its range covers, cut where they lie (no whole-size copy). `length`: a
+    range of another length (all of them, for a reduce-scatter)."""
+    length = length or self.size
+    begin, end = replica * length, (replica + 1) * length
     pieces, start = [], 0
     for tensor, size in zip(tensors, self.sizes):
       a, b = max(begin, start), min(end, start + size)
@@ -225,8 +244,8 @@ class _Shards:
         pieces.append(tf.reshape(tensor, [-1])[a - start:b - start])
       start += size
     covered = sum(int(p.shape[0]) for p in pieces)
-    if covered < self.size:
-      pieces.append(tf.zeros([self.size - covered], tensors[0].dtype))
+    if covered < length:
+      pieces.append(tf.zeros([length - covered], tensors[0].dtype))
     return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
   def _pieces(self, whole):
