@@ -83,6 +83,12 @@ def _keras(why: str = _KERAS_TRAINS) -> dict:
   return {KERAS: why}
 
 
+_SHARDING = dict(  # Both ZeRO stages: what they need and where they are refused.
+    needs=Needs("sharding", "needs strategy {supporting}, whose replicas each keep the "
+                "optimizer's state; {name} does not"),
+    refused={SPLIT: "a split model's stages hold different variables on different devices",
+             **_keras()})
+
 DECISIONS: dict[str, Decision] = {
     # -- cluster and task: the launcher's plan and the strategy (TF_CONFIG) -----------------
     "cluster.chief": Decision(
@@ -223,17 +229,11 @@ DECISIONS: dict[str, Decision] = {
                     "test_custom_loop.py::test_the_configs_accumulation_and_precision_apply_to_the_loop")),
     "training.shard_optimizer": Decision(
         "each replica keeps the optimizer's state for 1/N of the weights (ZeRO stage 1)",
-        needs=Needs("sharding", "needs strategy {supporting}, whose replicas each keep the "
-                    "optimizer's state; {name} does not"),
-        refused={SPLIT: "a split model's stages hold different variables on different devices",
-                 **_keras()},
+        **_SHARDING,
         checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs",)),
     "training.shard_gradients": Decision(
         "each replica reduces only its shard of the gradients, a reduce-scatter (ZeRO stage 2)",
-        needs=Needs("sharding", "needs strategy {supporting}, whose replicas each keep the "
-                    "optimizer's state; {name} does not"),
-        refused={SPLIT: "a split model's stages hold different variables on different devices",
-                 **_keras()},
+        **_SHARDING,
         checked_by=("test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",)),
     "training.gradient_compression": Decision(
         "the gradients' all-reduce in bfloat16 or float16, the update in float32",
