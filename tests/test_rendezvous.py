@@ -75,3 +75,21 @@ def test_a_launcher_that_leaves_or_goes_silent_is_left_and_one_done_is_not(host)
 def test_no_chief_launcher_is_none_not_an_error():
   (port,) = free_ports(1)
   assert Client(f"127.0.0.1:{port}", "worker-1").poll() is None
+
+
+def test_a_request_from_no_members_launcher_changes_nothing(host):
+  import json
+  import urllib.error
+  import urllib.request
+  stranger = Client(host.address, "worker-9")
+  stranger.poll()
+  stranger.leave()
+  stranger.report(Failed("worker-9", 1, "failed"), 0)
+  with urllib.request.urlopen(f"http://{host.address}/round") as answer:  # No name: read only.
+    assert json.load(answer)["number"] == 0
+  request = urllib.request.Request(f"http://{host.address}/said", b"not json")
+  with pytest.raises(urllib.error.HTTPError) as refused:
+    urllib.request.urlopen(request)
+  assert refused.value.code == 400
+  time.sleep(1.3)  # Past the silence: no one it heard from is a member.
+  assert host.events() == [] and host.joined() == {} and host.round == Round(0)

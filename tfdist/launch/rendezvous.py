@@ -134,6 +134,8 @@ class Host:
 
   def _poll(self, name: str, join: bool, ready: int = -1) -> Round:
     with self._lock:
+      if name not in self.workers and name != self.name:  # Not a member's launcher: read only.
+        return self._round
       if name in self._round.lost:
         if join:
           self._joined.setdefault(name, time.monotonic())
@@ -151,7 +153,9 @@ class Host:
     with self._lock:
       if body.get("round", self._round.number) != self._round.number:
         return  # About a round already replaced.
-      name = str(body["name"])
+      name = str(body.get("name"))
+      if name not in self.workers:
+        return  # Not a worker's launcher.
       if body["what"] == "done":
         self._seen.pop(name, None)
       elif body["what"] == "left":
@@ -168,17 +172,26 @@ def _handler(host: Host):
     def do_GET(self):  # pylint: disable=invalid-name
       query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
       name = query.get("name", [""])[0]
-      self._answer(host._poll(name, join=query.get("join") == ["1"],
-                              ready=int(query.get("ready", ["-1"])[0])).to_json())
+      try:
+        ready = int(query.get("ready", ["-1"])[0])
+      except ValueError:
+        ready = -1
+      self._answer(host._poll(name, join=query.get("join") == ["1"], ready=ready).to_json())
 
     def do_POST(self):  # pylint: disable=invalid-name
-      body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-      host._said(body)
+      try:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        what = body["what"]
+      except (ValueError, KeyError, TypeError):
+        self._answer({"error": "expected a JSON object with what and name"}, 400)
+        return
+      if what in ("done", "left", "preempted", "failed"):
+        host._said(body)
       self._answer({"ok": True})
 
-    def _answer(self, data: dict) -> None:
+    def _answer(self, data: dict, status: int = 200) -> None:
       payload = json.dumps(data).encode()
-      self.send_response(200)
+      self.send_response(status)
       self.send_header("Content-Type", "application/json")
       self.send_header("Content-Length", str(len(payload)))
       self.end_headers()
