@@ -13,8 +13,8 @@ HANG_MARKER=PATH, worker-1 of a first attempt (no PATH yet) blocks for good in a
 step s of epoch e (`block_forever`); HANG_IN=epoch_end blocks it in `on_epoch_end` of epoch e
 instead, HANG_IN=input in its input (the data then come from `tf.data.Dataset.from_generator`,
 unshuffled: `train_plain(generator=True)` is its reference) when it draws batch s of epoch e.
-With SLOW_EPOCH_END=S the first task's first `on_epoch_end` takes S seconds. A sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, the
-optimizer state this task held."""
+With SLOW_EPOCH_END=S the first task's first `on_epoch_end` takes S seconds. A sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, what
+this task held beyond the weights (every variable of the process)."""
 
 import json
 import os
@@ -138,7 +138,7 @@ if __name__ == "__main__":
   task = f"{config.task.type}-{config.task.index}" if config.task else "local"
   model = train(config, [Progress(task), *csv], task)
   if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
-    from tfdist.training import sharded_optimizer
-    print(f"SHARDED {sharded_optimizer.shard_bytes(model.optimizer)}", flush=True)
+    from tfdist.testing.memory import held_beyond_weights
+    print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),
         flush=True)
