@@ -5,6 +5,7 @@ momentum; with gradient accumulation, global-norm clipping and float16 loss scal
 sharded is refused in one line naming the key. Multi-worker: tests/test_fault_tolerance.py
 (kill and resume, the checkpoint's whole optimizer, each worker's bytes)."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -206,6 +207,7 @@ except Exception as e:
   assert "did not find collective implementation" in result.stderr, result.stderr[-2000:]
 
 
+@functools.cache  # One process per (replicas, mode) for the file's tests.
 def _held(replicas: int, mode: str) -> dict:
   """`tests/programs/sharded_bytes.py`'s figures: every variable its process holds, by device."""
   done = subprocess.run([sys.executable, "-m", "tests.programs.sharded_bytes", str(replicas),
