@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PROGRAMS
 from tfdist.exit_codes import PREEMPTED
-from tfdist.machine.ports import free_ports
+from tfdist.machine.ports import HeldPorts
 from tests.launching import finish, read_until, start_launch
 from tests.programs import elastic
 
@@ -90,7 +90,8 @@ def test_per_host_launches_go_on_without_a_stopped_host_and_take_it_back_in(tmp_
   at the chief's launcher (`--rendezvous-port`): worker-2's launcher is stopped as epoch 1
   begins (SIGTERM: its host drained); the other two go on; started again, it joins and is taken
   in as the next epoch begins; all three end, with plain Keras's one-device weights."""
-  *ports, rendezvous = free_ports(4)
+  held = HeldPorts(4)  # Bound, never listening, until the test ends: no other test takes them.
+  *ports, rendezvous = held.ports
   workers = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
   path = tmp_path / "config.yaml"
   path.write_text(f"cluster: {{worker: [{workers}]}}\nstrategy: multi_worker_mirrored\n"
@@ -124,6 +125,7 @@ def test_per_host_launches_go_on_without_a_stopped_host_and_take_it_back_in(tmp_
     for launcher in launchers:
       if launcher.poll() is None:
         os.killpg(launcher.pid, signal.SIGKILL)
+    held.close()
   for launcher, output in zip([launchers[0], launchers[1], back], outputs):
     assert launcher.returncode == 0, output[-4000:]
   assert "[worker-2] EPOCH_BEGIN 3" in outputs[2], outputs[2][-3000:]

@@ -255,3 +255,23 @@ def test_a_renamed_function_still_works_for_one_release_with_a_deprecation_warni
     assert tfdist.serve is tfdist.run_cluster_server
   with pytest.warns(DeprecationWarning, match="tfdist.start_server is now"):
     assert tfdist.start_server is tfdist.start_cluster_server
+
+
+@pytest.mark.parametrize("beat,began", [
+    ({"phase": "start", "drawn": 0}, False),  # Still connecting: no backup to save.
+    ({"phase": "start", "drawn": 4}, True),  # Its input delivered: fit began, the beat is late.
+    ({"phase": "call", "drawn": 4}, True),
+])
+def test_a_task_whose_input_delivered_gets_the_grace_period_though_its_beat_says_start(
+    tmp_path, beat, began):
+  """The heartbeat thread waits while TensorFlow holds the GIL in a first call: a beat saying
+  "start" can be an epoch late. Measured in the per-host elastic test: the stopped host's task
+  was SIGKILLed at once and lost the save its peers made."""
+  import json
+  from tfdist.launch import liveness, supervisor
+  from tfdist.launch.plan import ProcessPlan
+  path = tmp_path / ".worker-0.heartbeat"
+  path.write_text(json.dumps(beat))
+  plan = ProcessPlan(None, ("python",), ((liveness.HEARTBEAT_ENV, str(path)),),
+                     str(tmp_path / "log"), False, None)
+  assert supervisor._began_training(supervisor.Running(plan, None, None)) is began

@@ -692,9 +692,13 @@ class _Watch:
 
 
 def _began_training(r: Running) -> bool:
-  """Whether task `r` ran a call of its compiled steps since it started (its heartbeat)."""
+  """Whether task `r` may have trained since it started (its heartbeat): it ran a call of its
+  compiled steps, or its input began delivering (the heartbeat thread waits while TensorFlow
+  holds the GIL in a first call, so its last beat can say "start" an epoch later: a task
+  SIGKILLed on that word lost the save its peers made)."""
   beat = liveness.read_progress(_heartbeat(r))
-  return beat is not None and beat.get("phase") != Phase.START.value
+  return beat is not None and (beat.get("phase") != Phase.START.value or
+                               bool(beat.get("drawn")))
 
 
 def _heartbeat(r: Running) -> str:
