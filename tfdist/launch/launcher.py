@@ -193,11 +193,12 @@ def _launch(config_path, command, options, environ, plan_only: bool):
         held.pop().close()
       if runner is None:  # Addresses from the config, or free ports: planned afresh.
         config = plan.without_workers(full, lost)
-      for name in [m for m in members if m in lost and runner is not None]:
-        current = f"worker-{members.index(name)}"  # Ray's actors keep their places.
-        config = plan.without_workers(config, [current])
-        runner.drop(current)
-        members.remove(name)
+      else:  # Ray's actors keep their places: each newly lost worker dropped as now numbered.
+        for name in [m for m in members if m in lost]:
+          current = f"worker-{members.index(name)}"
+          config = plan.without_workers(config, [current])
+          runner.drop(current)
+          members.remove(name)
       if restart and runner is not None:
         config = runner.replan(config)
       members_path = _members_config(config, config_path, log_dir, lost)
@@ -227,7 +228,7 @@ def _launch(config_path, command, options, environ, plan_only: bool):
                                          "launcher"))
       stack.callback(events.close)
     plans = iter([first])
-    rendezvous = _rendezvous(options, full, found.task)
+    rendezvous = _rendezvous(options, full, found.task, workers)
     if rendezvous is not None:
       stack.callback(getattr(rendezvous, "close", lambda: None))
     outcome = supervisor.Supervisor(
@@ -267,8 +268,9 @@ def _members_config(members, config_path: str, log_dir: str, lost) -> str:
   return path
 
 
-def _rendezvous(options: LaunchOptions, config, task):
-  """The chief's launcher's `rendezvous.Host`, another host's `rendezvous.Client`, or None."""
+def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
+  """The chief's launcher's `rendezvous.Host` of the configured `workers`, another host's
+  `rendezvous.Client`, or None."""
   from tfdist.config.roles import is_chief
   from tfdist.config.tf_config import split_address
   from tfdist.launch import rendezvous
@@ -278,7 +280,6 @@ def _rendezvous(options: LaunchOptions, config, task):
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
   if is_chief(dataclasses.replace(config, task=task)):
-    workers = tuple(t.name for t in config.cluster.tasks() if t.type == "worker")
     try:  # A follower's launcher is silent while it stops its task: the grace period too.
       return rendezvous.Host(address, workers, options.heartbeat_timeout + options.grace_period,
                              name=task.name)

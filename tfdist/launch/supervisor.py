@@ -310,9 +310,11 @@ class Supervisor:
     return Budget(self.restarts_left, self._members(), self.min_workers, self._lost, follows,
                   anchor)
 
-  def _members(self) -> tuple[str, ...]:
-    """The configured workers this run has (config names)."""
-    return tuple(w for w in self.workers if w not in self._lost)
+  def _members(self, lost: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The configured workers a run has without `lost` (default: this one's), by config
+    names."""
+    lost = self._lost if lost is None else lost
+    return tuple(w for w in self.workers if w not in lost)
 
   def _config_name(self, name: str) -> str:
     """The config's name of the task a plan calls `name` (workers are renumbered without the
@@ -386,7 +388,7 @@ class Supervisor:
       if now - watch.polled < _POLL_EVERY:
         return None
       watch.polled = now
-      return self._new_round(self.rendezvous.poll(), watch)
+      return self._new_round(self.rendezvous.poll())
     watch.inbox += self.rendezvous.events()
     if watch.inbox:
       event = watch.inbox.pop(0)
@@ -406,19 +408,17 @@ class Supervisor:
         watch.joined_at[name] = float("inf")  # Offered once a round.
     return HostBack(tuple(back)) if back else None
 
-  def _new_round(self, found, watch: "_Watch | None") -> NewRound | None:
+  def _new_round(self, found) -> NewRound | None:
     """A round newer than this launcher's, or the end when the chief's launcher stopped
     answering for longer than `heartbeat_timeout`."""
     now = time.monotonic()
     if found is None:
-      silent = now - (watch.answered if watch else self._answered)
+      silent = now - self._answered
       if silent > self.heartbeat_timeout:
         return NewRound(self._round + 1, self._lost, (TASK_FAILED, (
             f"the chief's launcher at {self.rendezvous.address} has not answered for "
             f"{silent:.0f} s")))
       return None
-    if watch is not None:
-      watch.answered = now
     self._answered = now
     return NewRound(found.number, found.lost, found.ended) if found.number > self._round \
         else None
@@ -429,10 +429,8 @@ class Supervisor:
     being lost) it waits to be taken in."""
     began, said = time.monotonic(), False
     while True:
-      if self._stop_signal is not None:
-        self.rendezvous.leave()
-        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
-                                          self._stop_signal, False), self._budget())
+      if (stopped := self._leave_if_stopped()) is not None:
+        return stopped
       found = self.rendezvous.join()
       if found is None and time.monotonic() - began > self.startup_timeout:
         return End(TASK_FAILED, f"the chief's launcher at {self.rendezvous.address} did not "
@@ -453,12 +451,10 @@ class Supervisor:
     """A following launcher's tasks are stopped: it waits until every member's are (the
     round opens), following a newer round, or the end."""
     while True:
-      if self._stop_signal is not None:
-        self.rendezvous.leave()
-        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
-                                          self._stop_signal, False), self._budget())
+      if (stopped := self._leave_if_stopped()) is not None:
+        return stopped
       found = self.rendezvous.poll(ready=self._round)
-      event = self._new_round(found, None)
+      event = self._new_round(found)
       if event is not None:
         action = decisions.decide(event, self._budget())
         self._announce(event, action)
@@ -476,16 +472,23 @@ class Supervisor:
              "decision")
     self._answered = time.monotonic()
     while True:
-      if self._stop_signal is not None:
-        self.rendezvous.leave()
-        return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
-                                          self._stop_signal, False), self._budget())
-      event = self._new_round(self.rendezvous.poll(), None)
+      if (stopped := self._leave_if_stopped()) is not None:
+        return stopped
+      event = self._new_round(self.rendezvous.poll())
       if event is not None:
         action = decisions.decide(event, self._budget())
         self._announce(event, action)
         return action
       time.sleep(_POLL_EVERY)
+
+  def _leave_if_stopped(self) -> End | None:
+    """While a following launcher has no task running: a stop signal ends it, the chief's
+    launcher told first."""
+    if self._stop_signal is None:
+      return None
+    self.rendezvous.leave()
+    return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
+                                      self._stop_signal, False), self._budget())
 
   def _startup(self, watch: "_Watch") -> StartupTimedOut | None:
     """The start-up deadline over every task's server; lines while waiting, rejoins, noise."""
@@ -595,7 +598,7 @@ class Supervisor:
     elif isinstance(action, Continue):
       self.say(action.why)
     elif isinstance(action, FollowRound):
-      members = ", ".join(self._members_of(action.lost))
+      members = ", ".join(self._members(action.lost))
       self.say(f"the chief's launcher started round {action.number}: {members}")
     elif isinstance(event, AllDone):
       self.say("every task finished: done")
@@ -606,9 +609,6 @@ class Supervisor:
                if event.ended else action.message)
     elif isinstance(event, (Failed, EvaluatorHung)) and not isinstance(action, Report):
       self.say("no restarts left (--max-restarts): stopping every task")
-
-  def _members_of(self, lost) -> list[str]:
-    return [w for w in self.workers if w not in lost]
 
   def _restart_alone(self, name: str, watch: "_Watch") -> None:
     cause = next(r for r in self._running if r.plan.name == name)
@@ -680,7 +680,6 @@ class _Watch:
   rejoining: dict = dataclasses.field(default_factory=dict)  # Tasks restarted alone.
   noise_said: int = 0
   polled: float = 0.0  # A following launcher's last poll of the rounds.
-  answered: float = dataclasses.field(default_factory=time.monotonic)  # Its last answer.
   inbox: list = dataclasses.field(default_factory=list)  # The rendezvous' events, unread.
   joined_at: dict = dataclasses.field(default_factory=dict)  # Launchers back: the epoch then.
 
