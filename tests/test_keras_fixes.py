@@ -10,6 +10,7 @@ import keras
 
 import tfdist
 from tfdist.testing.local_cluster import run_everywhere
+from tfdist.training.keras_fixes import without_fixes
 from tests.conftest import PROGRAMS, REPO
 
 
@@ -53,7 +54,8 @@ def test_keras_19246_mirrored_steps_per_execution_fails_without_the_fix():
   model = _mirrored_model()
   model.steps_per_execution = 4
   x = tf.ones((64, 4))
-  with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
+  with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"), \
+      without_fixes():
     model.fit(x, x[:, :2], batch_size=8, verbose=0)
     pytest.fail("keras#19246 looks fixed: drop the steps_per_execution fix")
 
@@ -62,7 +64,8 @@ def test_keras_19246_mirrored_steps_per_execution_fails_without_the_fix():
 def test_keras_20582_mirrored_gradient_accumulation_fails_without_the_fix():
   model = _mirrored_model(gradient_accumulation_steps=2)
   x = tf.ones((64, 4))
-  with pytest.raises(RuntimeError, match="`merge_call` called while defining a new graph"):
+  with pytest.raises(RuntimeError, match="`merge_call` called while defining a new graph"), \
+      without_fixes():
     model.fit(x, x[:, :2], batch_size=8, verbose=0)
     pytest.fail("keras#20582 looks fixed: drop the gradient accumulation fix")
 
@@ -81,7 +84,8 @@ def test_keras_20585_mirrored_fit_of_string_inputs_fails_without_the_fix():
     model = _string_model()
     model.compile(optimizer="sgd", loss="mse")
   x, y = tf.constant(["good", "bad"] * 8), tf.ones((16, 1))
-  with pytest.raises(tf.errors.InvalidArgumentError, match="of string is not in the list"):
+  with pytest.raises(tf.errors.InvalidArgumentError, match="of string is not in the list"), \
+      without_fixes():
     model.fit(x, y, batch_size=8, verbose=0)
     pytest.fail("keras#20585 looks fixed for strings: the symbolic build no longer adds them")
 

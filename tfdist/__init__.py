@@ -9,7 +9,10 @@ strategy = tfdist.make_strategy(config)
 
 Importing tfdist does not import TensorFlow, except in a process `tfdist launch` started to run
 the user's command: there it makes that task's strategy at once (`tfdist.strategy.startup`), so
-the script may build its data before calling `tfdist.fit`.
+the script may build its data before calling `tfdist.fit`, and runs Keras's own fit, evaluate
+and predict inside tfdist's Keras 3 fixes (`tfdist.training.keras_fixes.install`). A launched
+script that never imports tfdist gets the same when TensorFlow is imported
+(`tfdist/launch/script_hook`).
 """
 
 import warnings
@@ -45,7 +48,9 @@ _RENAMED = {"serve": "run_cluster_server", "start_server": "start_cluster_server
 
 if _beat():  # A launched task tells its launcher it is alive, even while the strategy waits,
   _report_in_one_line()  # and says a refusal of tfdist's in one line.
-_prepare()  # A launched task's strategy, before the script can start TensorFlow.
+if _prepare():  # A launched task's strategy, before the script can start TensorFlow,
+  from tfdist.training.keras_fixes import install as _install_keras_fixes
+  _install_keras_fixes()  # and Keras's own fit/evaluate/predict fixed under it.
 
 
 def __getattr__(name: str):

@@ -210,11 +210,18 @@ def heartbeat_path(log_dir: str, name: str) -> str:
   return os.path.join(log_dir, f".{name}.heartbeat")
 
 
+SCRIPT_HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "launch", "script_hook")
+"""The folder whose `sitecustomize` imports tfdist in a launched script that does not."""
+
+
 def _user_command_env(fresh: bool, log_dir: str) -> tuple[tuple[str, str], ...]:
   """What the processes running the user's command get besides TF_CONFIG and the config:
-  `import tfdist` there makes the strategy before the script runs, TensorBoard's run is named
+  `import tfdist` there makes the strategy before the script runs (a script that never
+  imports it gets it from `SCRIPT_HOOK`, first on its PYTHONPATH), TensorBoard's run is named
   after the launch's log directory, and `fresh` starts over."""
-  return ((PREPARE_ENV, "1"), (RUN_ENV, run_name(log_dir))) + \
+  path = os.pathsep.join(p for p in (SCRIPT_HOOK, os.environ.get("PYTHONPATH")) if p)
+  return ((PREPARE_ENV, "1"), (RUN_ENV, run_name(log_dir)), ("PYTHONPATH", path)) + \
       (((FRESH_ENV, "1"),) if fresh else ())
 
 

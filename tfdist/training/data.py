@@ -49,12 +49,14 @@ def is_dataset_fn(data: Any) -> bool:
 
 def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool = False,
                  seed: int | None = None, first_epoch: int = 0, epochs: int | None = None,
-                 name: str = "x", then=None):
+                 name: str = "x", then=None, sample_weight=None):
   """Returns what Keras's fit/evaluate/predict should receive for `x` (and `y`).
 
   Args:
     x: numpy arrays (or a tuple/dict of them), a `tf.data.Dataset`, or a dataset function.
     y: targets when `x` is numpy.
+    sample_weight: weights of the examples of numpy `x`, zipped in as Keras's array adapter
+      does (`(x, y, sample_weight)`); a dataset carries its own.
     strategy: the strategy the data is for.
     batch_size: the global batch size for numpy inputs.
     shuffle: shuffle numpy inputs each epoch. The order of epoch e depends on (seed, e) only:
@@ -73,6 +75,12 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
   """
   if x is None:
     return None
+  if sample_weight is not None and not is_arrays(x):
+    raise DataError(f"{name}: sample_weight is only for numpy arrays or tensors; a dataset "
+                    "carries its own weights as a third element (x, y, sample_weight), as in "
+                    f"Keras. Received: sample_weight with {type(x).__name__}")
+  if sample_weight is not None and y is None:
+    raise DataError(f"{name}: sample_weight needs the targets y beside it. Received: y=None")
   last = then or (lambda dataset: dataset)
   then = lambda dataset: counted(last(dataset))  # noqa: E731
   if is_dataset_fn(x):
@@ -90,7 +98,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     return then(with_shard_policy(x))
   if is_arrays(x):
     require_batch_size(batch_size, name)
-    arrays = x if y is None else (x, y)
+    arrays = x if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
     arrays = _without_empty_replica_batches(arrays, batch_size, _replicas(strategy), name)
     if shuffle:
       dataset = _shuffled_epochs(arrays, batch_size, _DEFAULT_SHUFFLE_SEED if seed is None

@@ -22,9 +22,11 @@ from tfdist.training import settings
 
 
 def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigLike = None,
-        compile: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, batch_size: int | None = None,
-        epochs: int | None = None, steps_per_epoch: int | None = None, shuffle: bool = True,
-        validation_data=None, callbacks=None, **fit_kwargs):
+        compile: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+        batch_size: int | None = None, epochs: int | None = None,
+        steps_per_epoch: int | None = None, shuffle: bool = True, validation_data=None,
+        validation_split: float = 0.0, validation_batch_size: int | None = None,
+        sample_weight=None, initial_epoch: int = 0, callbacks=None, **fit_kwargs):
   """Builds the model in the config's strategy scope, compiles it and fits it.
 
   The same call serves every task of a cluster: under the sync strategies every task trains;
@@ -50,10 +52,18 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     steps_per_epoch: defaults to the config's `training.steps_per_epoch`.
     shuffle: shuffle numpy input each epoch, in the same order on every worker (tfdist
       shuffles before batching; Keras itself is told not to).
-    validation_data: `(x, y)` arrays or a dataset, as for `Model.fit`.
+    validation_data: `(x, y)` or `(x, y, sample_weight)` arrays, or a dataset, as for
+      `Model.fit`.
+    validation_split: the last fraction of array input held out for validation, as Keras
+      holds it out (before shuffling; ignored when `validation_data` is given).
+    validation_batch_size: the global batch of array validation data; default the training
+      batch.
+    sample_weight: weights of the examples of array input, as for `Model.fit`.
+    initial_epoch: the epoch to start at, as for `Model.fit` (a resumed backup's, when later).
     callbacks: Keras callbacks.
-    **fit_kwargs: any other keyword argument of `Model.fit`, with its Keras meaning (under
-      parameter_server: `verbose` only).
+    **fit_kwargs: any other keyword argument of `Model.fit` (`verbose`, `class_weight`,
+      `validation_steps`, `validation_freq`), with its Keras meaning; what each argument does
+      under each path is `tfdist.training.keras_arguments.FIT`.
 
   Returns:
     The Keras `History`; the trained model is `history.model`.
@@ -76,30 +86,53 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   model = history.model
   ```
   """
+  from tfdist.training import keras_arguments
   config = as_config(config)
   paths = settings.paths_of(config, settings.FIT)
   settings.refuse_keras_distribution(paths)
   settings.refuse_unhonoured(config, paths)
+  given = {**fit_kwargs, "sample_weight": sample_weight,
+           "validation_batch_size": validation_batch_size}
+  keras_arguments.refuse("fit", given, keras_arguments.PARAMETER_SERVER
+                         if settings.PARAMETER_SERVER in paths else keras_arguments.SYNCHRONOUS)
+  train_data, y, sample_weight, validation_data = keras_arguments.split_validation(
+      train_data, y, sample_weight, validation_split=validation_split,
+      validation_data=validation_data)
+  inputs = _Inputs(train_data, y, sample_weight, validation_data, validation_batch_size,
+                   initial_epoch)
   with settings.holding_checkpoint_dir(config):
-    return _fit(model_fn, train_data, y, config, compile, batch_size, epochs, steps_per_epoch,
-                shuffle, validation_data, callbacks, fit_kwargs)
+    return _fit(model_fn, inputs, config, compile, batch_size, epochs, steps_per_epoch,
+                shuffle, callbacks, fit_kwargs)
 
 
-def _fit(model_fn, train_data, y, config: Config, compile, batch_size, epochs, steps_per_epoch,
-         shuffle, validation_data, callbacks, fit_kwargs):
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+  """The data arguments of one `tfdist.fit`, once `validation_split` is cut off."""
+  train_data: Any
+  y: Any
+  sample_weight: Any
+  validation_data: Any
+  validation_batch_size: int | None
+  initial_epoch: int
+
+
+def _fit(model_fn, inputs: _Inputs, config: Config, compile, batch_size, epochs,
+         steps_per_epoch, shuffle, callbacks, fit_kwargs):
   """`fit`'s steps, in order."""
   from tfdist.training import dtype_policy, user_files
   from tfdist.training.data import is_arrays
+  train_data, y, validation_data = inputs.train_data, inputs.y, inputs.validation_data
   run = _start(model_fn, compile, config, batch_size, epochs, is_arrays(train_data))
+  run.validation_batch = inputs.validation_batch_size or run.global_batch
   if run.evaluator:
     from tfdist.training.evaluator import evaluate_checkpoints
     return evaluate_checkpoints(run.model, _validation(validation_data, run.strategy,
-                                                       run.global_batch),
+                                                       run.validation_batch),
                                 config=config, epochs=run.epochs)
-  _prepare_data(run, train_data, y, shuffle, steps_per_epoch)
+  _prepare_data(run, inputs, shuffle, steps_per_epoch)
   _announce(run)
   callbacks = _callbacks(run, callbacks)
-  with user_files.chief_only(callbacks, config, resuming=run.first_epoch > 0) as callbacks, \
+  with user_files.chief_only(callbacks, config, resuming=run.resumed) as callbacks, \
       dtype_policy.saved_as_built(run.model, run.chosen.policy, run.built_with):
     if run.asynchronous:
       history = _fit_on_parameter_servers(run, train_data, y, validation_data, callbacks,
@@ -122,9 +155,12 @@ class _Run:
   fused: str | None = None
   global_batch: int | None = None
   epochs: int = 1
+  validation_batch: int | None = None
+  compiled_per_call: int = 1  # The model's own compile(steps_per_execution=), given back.
   files: list = dataclasses.field(default_factory=list)
   first_epoch: int = 0
   first_step: int = 0
+  resumed: bool = False  # From a backup (not the caller's initial_epoch).
   train: Any = None
   steps_per_epoch: int | None = None
   epoch_steps: int | None = None
@@ -151,7 +187,9 @@ class _Run:
 def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: int | None,
            arrays: bool = False) -> _Run:
   """The strategy made, the model built."""
+  from tfdist.training import keras_fixes
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
+  keras_fixes.install()  # Keras's own methods on the model fixed too.
   settings.seed(config)
   hybrid = _hybrid(config)
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
@@ -185,13 +223,19 @@ def _global_batch(batch_size: int | None, config: Config, replicas: int,
   return batch_size
 
 
-def _prepare_data(run: _Run, train_data, y, shuffle: bool, steps_per_epoch: int | None) -> None:
-  """The training stream, the steps in an epoch, and where a backup resumes."""
+def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
+                  steps_per_epoch: int | None) -> None:
+  """The training stream, the steps in an epoch, and where training starts: the caller's
+  `initial_epoch`, or a backup's position when it is later."""
   from tfdist.training import checkpoints, data, report
   from tfdist.monitoring import step_times
   config, training = run.config, run.config.training
+  train_data, y = inputs.train_data, inputs.y
   run.files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
   run.first_epoch, run.first_step = run.files[0].saved_position() if run.files else (0, 0)
+  run.resumed = bool(run.first_epoch or run.first_step)
+  if inputs.initial_epoch > run.first_epoch:
+    run.first_epoch, run.first_step = inputs.initial_epoch, 0
   steps_per_epoch = steps_per_epoch or training.steps_per_epoch
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   if shuffle and run.global_batch and data.is_arrays(train_data):
@@ -207,7 +251,7 @@ def _prepare_data(run: _Run, train_data, y, shuffle: bool, steps_per_epoch: int 
   run.train = None if run.asynchronous else data.make_dataset(
       train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
       seed=training.seed, first_epoch=run.first_epoch, epochs=None if endless else run.epochs,
-      name="train_data",
+      name="train_data", sample_weight=inputs.sample_weight,
       then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
   run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
   run.steps_per_epoch = steps_per_epoch
@@ -217,7 +261,7 @@ def _prepare_data(run: _Run, train_data, y, shuffle: bool, steps_per_epoch: int 
     # each epoch measured 1.75x slower even on one device (6.6k vs 11.7k examples/s).
     run.train, run.steps_per_epoch = data.endless(run.train), run.epoch_steps
   # Never more steps per call than an epoch has: the progress bar would count past the end.
-  run.model.steps_per_execution = min(training.steps_per_execution,
+  run.model.steps_per_execution = min(settings.steps_per_execution(config, run.compiled_per_call),
                                       run.epoch_steps or sys.maxsize)
   settings.learning_rate_schedule(run.optimizer, config, run.replicas, run.epoch_steps)
 
@@ -233,7 +277,7 @@ def _announce(run: _Run) -> None:
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution, fused=run.fused,
       accumulation=config.training.gradient_accumulation_steps,
       sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables)))
-  if run.first_epoch or run.first_step:
+  if run.resumed:
     report.say(report.resume_line(
         run.first_epoch, run.epochs, run.files[0].directory,
         run.first_step if run.epoch_steps and not run.asynchronous else 0))
@@ -275,7 +319,7 @@ def _fit_on_parameter_servers(run: _Run, train_data, y, validation_data, callbac
       run.model, run.strategy, train_data, y, batch_size=run.global_batch, epochs=run.epochs,
       initial_epoch=run.first_epoch, steps_per_epoch=run.steps_per_epoch,
       steps_per_execution=run.model.steps_per_execution,
-      validation=_validation(validation_data, None, run.global_batch),
+      validation=_validation(validation_data, None, run.validation_batch),
       callbacks=_bracketed(run, callbacks), source=run.config.source,
       report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, run.config))
   parameter_server.explain_keras_calls(run.model)
@@ -286,7 +330,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
   """Keras's fit, once, or twice after a preemption mid-epoch (`_parts`)."""
   from tfdist.training import data, keras_fixes, replica_math
   model = run.model
-  validation = _validation(validation_data, run.strategy, run.global_batch)
+  validation = _validation(validation_data, run.strategy, run.validation_batch)
   own_step = not run.hybrid and run.replicas > 1 and not keras_fixes.keras_train_step(model)
   if own_step:
     _one_device_arithmetic(model, run.optimizer,
@@ -298,7 +342,8 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
     if len(parts) > 1:  # Each its own steps per epoch: a train function of its own.
       model.steps_per_execution, model.train_function = min(per_call, steps), None
       run.files[0].delete_checkpoint = end == run.epochs  # The backup is kept between the two.
-    with keras_fixes.fixed_for(model, run.strategy, steps, run.clock, run.epoch_steps), \
+    with keras_fixes.fixed_for(model, run.strategy, steps, run.clock, run.epoch_steps,
+                               test_steps=fit_kwargs.get("validation_steps")), \
         data.empty_batches_explained("train_data"), \
         replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
       part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
@@ -314,6 +359,9 @@ def _finish(run: _Run) -> None:
   saved: tfdist's final model, and the user's `model.save` on the chief alone."""
   from tfdist.training import checkpoints, dtype_policy, user_files
   dtype_policy.give_back(run.model, run.chosen.policy, run.built_with)
+  # Keras's own evaluate, predict and fit on the model run as the user compiled it.
+  run.model.steps_per_execution = run.compiled_per_call
+  run.model.train_function = run.model.test_function = run.model.predict_function = None
   if run.config.checkpoint.dir:
     checkpoints.save_final_model(run.model, run.config)
   user_files.save_on_chief_only(run.model, run.config)
@@ -378,7 +426,7 @@ def _build(run: _Run, model_fn, compile) -> None:
       raise ModelError("model_fn returned a model that is not compiled: compile it there or "
                        "pass compile=dict(optimizer=..., loss=...)")
     model.jit_compile = config.training.jit_compile
-    run.model = model
+    run.model, run.compiled_per_call = model, model.steps_per_execution
     run.fused = settings.install_on_optimizer(
         run.optimizer, strategy, config, settings.paths_of(config, settings.FIT))
     if config.parallel.enabled:
@@ -443,7 +491,7 @@ def global_batch_size(config: ConfigLike = None) -> int:
 
 
 def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,
-             **evaluate_kwargs):
+             sample_weight=None, **evaluate_kwargs):
   """`Model.evaluate` of a model built by `tfdist.fit`, under its strategy.
 
   Args:
@@ -452,7 +500,10 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
     y: as for `tfdist.fit`'s `y`.
     config: gives the batch size when `batch_size` is not passed.
     batch_size: the global batch size for numpy input; default the config's, else Keras's 32.
-    **evaluate_kwargs: keyword arguments of `Model.evaluate`.
+    sample_weight: weights of the examples of array input, as for `Model.evaluate`.
+    **evaluate_kwargs: the other keyword arguments of `Model.evaluate` (`steps`, `verbose`,
+      `callbacks`, `return_dict`), with their Keras meaning
+      (`tfdist.training.keras_arguments.EVALUATE`).
 
   Returns:
     What `Model.evaluate` returns: the loss, or a list with the metrics (a dict with
@@ -472,17 +523,21 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
   loss, mae = tfdist.evaluate(model, x, y, config="configs/mirrored.yaml", verbose=0)
   ```
   """
-  from tfdist.training import data, keras_fixes
+  from tfdist.training import data, keras_arguments, keras_fixes
 
   strategy = model.distribute_strategy
   batch_size = _batch(config, strategy, batch_size, data.is_arrays(x))
+  keras_arguments.refuse("evaluate", {**evaluate_kwargs, "sample_weight": sample_weight},
+                         _path_of(strategy))
   if _is_parameter_server(strategy):
     from tfdist.training import parameter_server
     return parameter_server.evaluate(model, data.make_dataset(x, y, strategy=None,
                                                               batch_size=batch_size),
                                      **evaluate_kwargs)
-  dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size)
-  with keras_fixes.fixed_for(model, strategy), _calls_within(model, dataset):
+  dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
+                              sample_weight=sample_weight)
+  with keras_fixes.fixed_for(model, strategy, test_steps=evaluate_kwargs.get("steps")), \
+      _calls_within(model, dataset):
     return model.evaluate(dataset, **evaluate_kwargs)
 
 
@@ -549,8 +604,10 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
 
   from tfdist.training import data, keras_fixes
 
+  from tfdist.training import keras_arguments
   strategy = model.distribute_strategy
   batch_size = _batch(config, strategy, batch_size, data.is_arrays(x))
+  keras_arguments.refuse("predict", predict_kwargs, _path_of(strategy))
   if _is_parameter_server(strategy):
     from tfdist.training import parameter_server
     return parameter_server.predict(model, data.make_dataset(x, strategy=None,
@@ -581,6 +638,12 @@ def _hybrid(config: Config):
   return Hybrid.for_config(config)
 
 
+def _path_of(strategy) -> str:
+  from tfdist.training import keras_arguments
+  return (keras_arguments.PARAMETER_SERVER if _is_parameter_server(strategy)
+          else keras_arguments.SYNCHRONOUS)
+
+
 def _is_parameter_server(strategy) -> bool:
   import tensorflow as tf
   return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
@@ -603,13 +666,16 @@ def _steps_in_an_epoch(dataset, steps_per_epoch: int | None) -> int | None:
   return count if count > 0 else None
 
 
-def _validation(validation_data, strategy, global_batch):
+def _validation(validation_data, strategy, batch_size):
+  """The validation dataset of `validation_data`: `(x, y)` or `(x, y, sample_weight)` arrays
+  batched by `batch_size`, or a dataset as it comes."""
   from tfdist.training import data
 
-  if isinstance(validation_data, tuple) and len(validation_data) == 2:
-    return data.make_dataset(*validation_data, strategy=strategy, batch_size=global_batch,
-                             name="validation_data")
-  return data.make_dataset(validation_data, strategy=strategy, batch_size=global_batch,
+  if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
+    x, y, *weights = validation_data
+    return data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
+                             name="validation_data", sample_weight=(weights or [None])[0])
+  return data.make_dataset(validation_data, strategy=strategy, batch_size=batch_size,
                            name="validation_data")
 
 

@@ -14,7 +14,7 @@ data-parallel:
   `initialize()` variables, where set, must agree with TF_CONFIG).
 
 Keras's `fit`, `evaluate` and `predict` of such a model run inside tfdist's Keras 3 fixes
-(`keras_fixes.fixed_for`), as `tfdist.fit`'s do. `ModelParallel` in one process splits the
+(`keras_fixes.install`), as `tfdist.fit`'s do. `ModelParallel` in one process splits the
 Dense kernels its layout map lays out over the "model" axis (`tfdist.parallel.layouts`:
 column- and row-parallel, each slice computed on its device); a layout tfdist cannot honour is
 refused in one line naming the key pattern and the layout. The switch also gives Keras's
@@ -207,8 +207,8 @@ def _refuse_unapplied(config) -> None:
 
 def _install(distribution, strategy) -> None:
   """While `distribution` is Keras's current one, Keras's fit, evaluate and predict of the
-  models built under `strategy` run inside tfdist's Keras 3 fixes (the methods are wrapped once
-  per process; other models, and every model once the distribution is unset, are untouched)."""
+  models built under `strategy` check the layout map and lay out split models; tfdist's Keras 3
+  fixes wrap them for every replicated strategy (`keras_fixes.install`)."""
   _installed.append((distribution, strategy))
   if len(_installed) > 1:
     return
@@ -216,27 +216,23 @@ def _install(distribution, strategy) -> None:
   from keras.src.backend.tensorflow import distribution_lib
   from tfdist.parallel import layouts
   from tfdist.training import keras_fixes
+  keras_fixes.install()
   if _upstream_distribute_tensor() is None:
     distribution_lib.distribute_tensor = distribute_tensor
 
-  def fixed(method):
+  def checked(method):
     @functools.wraps(method)
     def call(model, *args, **kwargs):
       current = keras.distribution.distribution()
       if current is not None and layouts.is_active(current):
         layouts.require_every_key_matched(current, model)
-      switched = [s for d, s in _installed if d is current]
-      if not switched or _split(model):
-        return method(model, *args, **kwargs)
-      strategy = getattr(model, "_distribute_strategy", None)
-      if not any(strategy is s for s in switched):
-        return method(model, *args, **kwargs)
-      with keras_fixes.fixed_for(model, strategy):
-        return method(model, *args, **kwargs)
+      if any(d is current for d, _ in _installed):
+        _split(model)
+      return method(model, *args, **kwargs)
     return call
 
   for name in ("fit", "evaluate", "predict"):
-    setattr(keras.Model, name, fixed(getattr(keras.Model, name)))
+    setattr(keras.Model, name, checked(getattr(keras.Model, name)))
 
 
 def _split(model) -> bool:

@@ -1,4 +1,7 @@
-"""Workarounds for Keras 3 bugs under tf.distribute, applied only inside tfdist's own calls.
+"""Workarounds for Keras 3 bugs under tf.distribute, around tfdist's own calls and, once
+`install` ran in the process, around Keras's own `fit`, `evaluate` and `predict` of every model
+built under a replicated strategy (the model `tfdist.fit` returns, or a script's own
+`MirroredStrategy`/`MultiWorkerMirroredStrategy` under `tfdist launch`).
 
 Each fix names its upstream issue, is guarded by the Keras version, and has a test
 (tests/test_keras_fixes.py) that runs Keras unpatched and fails once upstream is fixed: then
@@ -8,6 +11,9 @@ delete the fix.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import threading
 import types
 
 import keras
@@ -37,6 +43,55 @@ def _central_storage(strategy) -> bool:
       strategy.num_replicas_in_sync > 1
 
 
+_inside = threading.local()  # Set while fixed_for holds: Keras's methods are already fixed.
+
+
+def install() -> None:
+  """Runs Keras's own `Model.fit`, `evaluate` and `predict`, for every model built under a
+  replicated strategy (mirrored, multi_worker_mirrored, central_storage), inside `fixed_for`;
+  other models are untouched. Idempotent; the methods are wrapped once per process.
+
+  ```python
+  keras_fixes.install()
+  with tf.distribute.MultiWorkerMirroredStrategy().scope():
+    model = make_model()
+  model.fit(dataset)       # keras#20585 fixed in Keras's own fit
+  ```
+  """
+  if not _BROKEN or getattr(keras.Model, "_tfdist_fixed", False):
+    return
+  for name in ("fit", "evaluate", "predict"):
+    setattr(keras.Model, name, _with_fixes(getattr(keras.Model, name)))
+  keras.Model._tfdist_fixed = True
+
+
+def _with_fixes(method):
+  @functools.wraps(method)
+  def call(model, *args, **kwargs):
+    strategy = getattr(model, "_distribute_strategy", None)
+    if getattr(_inside, "fixing", False) or strategy is None or not _replicated(strategy):
+      return method(model, *args, **kwargs)
+    given = inspect.signature(method).bind_partial(model, *args, **kwargs).arguments
+    if method.__name__ == "fit":
+      steps, test_steps = given.get("steps_per_epoch"), given.get("validation_steps")
+    else:
+      steps, test_steps = None, given.get("steps")
+    with fixed_for(model, strategy, steps, test_steps=test_steps):
+      return method(model, *args, **kwargs)
+  return call
+
+
+@contextlib.contextmanager
+def without_fixes():
+  """Keras's own methods unfixed while inside (tests showing an upstream bug still there)."""
+  before = getattr(_inside, "fixing", False)
+  _inside.fixing = True
+  try:
+    yield
+  finally:
+    _inside.fixing = before
+
+
 def _mirrors(strategy) -> bool:
   return isinstance(strategy, (tf.distribute.MirroredStrategy,
                                tf.distribute.MultiWorkerMirroredStrategy))
@@ -44,27 +99,32 @@ def _mirrors(strategy) -> bool:
 
 @contextlib.contextmanager
 def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
-              epoch_steps: int | None = None):
+              epoch_steps: int | None = None, test_steps: int | None = None):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
   `steps_per_epoch` is the fit's, when it passes one to Keras; `clock` (a
   `monitoring.step_times.StepClock`) times each training step of stamped batches;
   `epoch_steps` is the steps an epoch has, when known (local accumulation needs it: a call
-  must never ask for a batch past the end of the data)."""
+  must never ask for a batch past the end of the data); `test_steps` is an evaluation's
+  (`steps`, `validation_steps`): a call never runs past it."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
   accumulating = accumulate_outside_cond(optimizer, strategy)
   local = accumulating and epoch_steps and local_accumulation(model, strategy)
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
     steps_per_epoch = steps_per_epoch or epoch_steps
-  if clock is not None or local or (_BROKEN and model.steps_per_execution > 1 and
-                                    (_mirrors(strategy) or steps_per_epoch)):
+  if clock is not None or local or (model.steps_per_execution > 1 and (
+      test_steps or (_BROKEN and (_mirrors(strategy) or steps_per_epoch)))):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
     # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
     # whatever is left of the epoch: it eats the next epoch's batches.
+    limits = (steps_per_epoch, test_steps, clock)
+    if getattr(model, "_tfdist_limits", limits) != limits:  # Functions made for others.
+      model.train_function = model.test_function = None
+    model._tfdist_limits = limits
     model._make_function = types.MethodType(
-        lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock),
-        model)
+        lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock,
+                                                           test_steps), model)
   weigh_output_losses_by_rows(model)
   multi_worker = _BROKEN and in_multi_worker_mode(strategy)
   # keras-team/keras#20585: the symbolic build reduces the (x, y) PerReplica batch with
@@ -78,8 +138,12 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
         lambda self, iterator=None, data_batch=None: _build(
             self, iterator, data_batch, stamped=clock is not None, local_replica=local_replica,
             summed_deltas=_BROKEN and _central_storage(strategy)), model)
+  before, _inside.fixing = getattr(_inside, "fixing", False), True
   if not multi_worker:
-    yield
+    try:
+      yield
+    finally:
+      _inside.fixing = before
     return
   # keras-team/keras#20585: reduce_per_replica reduces rank-0 losses with axis=0. Use axis=None.
   original = tf_trainer.reduce_per_replica
@@ -89,6 +153,7 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
     yield
   finally:
     tf_trainer.reduce_per_replica = original
+    _inside.fixing = before
 
 
 def accumulate_outside_cond(optimizer, strategy) -> bool:
@@ -148,8 +213,15 @@ def _add_delta(variable, value):
 
 def _reduce_scalars_whole(original, values, strategy, reduction):
   def reduce(value):
-    if reduction in ("auto", "mean") and getattr(value, "shape", None) is not None and \
-        value.shape.rank == 0:
+    if not isinstance(value, (tf.distribute.DistributedValues, tf.Tensor)):
+      value = tf.convert_to_tensor(value)  # A Keras variable, or a Python number.
+    if not isinstance(value, tf.distribute.DistributedValues) and not value.device:
+      # A metric whose result() is its variable (a user's `return self.total`) comes back from
+      # strategy.run as that variable, no tensor of a replica's device: tf.distribute refuses
+      # to reduce it ("doesn't have device set"). Read it on this worker's device.
+      with tf.device(strategy.extended.worker_devices[0]):
+        value = tf.identity(value)
+    if reduction in ("auto", "mean") and value.shape.rank == 0:
       return strategy.reduce("MEAN", value, axis=None)
     return original(value, strategy, reduction)
   return tf.nest.map_structure(reduce, values)
@@ -169,10 +241,13 @@ def keras_train_step(model) -> bool:
       type(model).train_step is tf_trainer.TensorFlowTrainer.train_step
 
 
-def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, clock=None):
+def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, clock=None,
+                                    test_steps=None):
   """Keras's `_make_function` with the step inlined in one `tf.function` looping up to
   `steps_per_execution` steps while data remain, never past the end of an epoch of
-  `steps_per_epoch` steps (for the training function). With a `clock`, each training step is
+  `steps_per_epoch` steps (for the training function) or an evaluation of `test_steps` (for
+  the test function: Keras's own loop would run a call's `steps_per_execution` steps past
+  `steps`, and tfdist chose that count, not the user). With a `clock`, each training step is
   timed from the moment it asks for its (stamped) batch.
 
   With Keras's own `train_step`, the logs are the metrics' results reduced once after the
@@ -259,9 +334,10 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
     if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
       return one_step(iterator)
     steps = self.steps_per_execution
-    if training and steps_per_epoch:
-      steps = min(steps, steps_per_epoch - done_in_epoch[0])
-      done_in_epoch[0] = (done_in_epoch[0] + steps) % steps_per_epoch
+    limit = steps_per_epoch if training else test_steps
+    if limit:
+      steps = min(steps, limit - done_in_epoch[0])
+      done_in_epoch[0] = (done_in_epoch[0] + steps) % limit
     loop = steps_accumulating if every > 1 else steps_on_iterator
     return loop(iterator, tf.constant(steps))
   return function

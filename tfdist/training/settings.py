@@ -123,6 +123,26 @@ def learning_rate_schedule(optimizer, config: Config, replicas: int,
                                training.warmup_epochs * (epoch_steps or 0))
 
 
+def steps_per_execution(config: Config, compiled: int = 1) -> int:
+  """Training steps in one call of the compiled function: the model's own
+  `compile(steps_per_execution=N)` where the user set one (Keras's default is 1) and the config
+  leaves `training.steps_per_execution` at its default; else the config's.
+
+  Raises:
+    ConfigError: the config and the model's compile ask for two different counts.
+  """
+  from tfdist.config import schema
+  configured = config.training.steps_per_execution
+  if compiled in (1, configured):
+    return configured
+  default = schema.TrainingConfig.__dataclass_fields__["steps_per_execution"].default
+  if configured != default:
+    raise ConfigError(f"differs from the model's compile(steps_per_execution={compiled}): "
+                      "set one of them", key="training.steps_per_execution",
+                      received=configured, source=config.source)
+  return compiled
+
+
 def precision(config: Config):
   """The `machine.precision.Precision` the run builds its model in: the config's
   `training.mixed_precision` (`auto` measured on this machine)."""
