@@ -237,6 +237,9 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   if inputs.initial_epoch > run.first_epoch:
     run.first_epoch, run.first_step = inputs.initial_epoch, 0
   steps_per_epoch = steps_per_epoch or training.steps_per_epoch
+  if steps_per_epoch and run.global_batch and data.is_arrays(train_data):
+    _require_whole_epochs(steps_per_epoch, data.batch_count(
+        train_data, run.global_batch, run.strategy.num_replicas_in_sync))
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   if shuffle and run.global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(
@@ -264,6 +267,17 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   run.model.steps_per_execution = min(settings.steps_per_execution(config, run.compiled_per_call),
                                       run.epoch_steps or sys.maxsize)
   settings.learning_rate_schedule(run.optimizer, config, run.replicas, run.epoch_steps)
+
+
+def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
+  """Raises ConfigError where Keras's meaning of `steps_per_epoch` over arrays differs from one
+  stream of batches: Keras ends an epoch early where the arrays end, then starts them again."""
+  if batches % steps_per_epoch and steps_per_epoch % batches:
+    raise ConfigError(f"must divide the {batches} batches of the arrays, or be a multiple of "
+                      "them: Keras ends an epoch early where the arrays end (epochs of "
+                      f"{steps_per_epoch} and {batches % steps_per_epoch} steps), tfdist reads "
+                      "them as one stream; or pass a repeated dataset",
+                      key="steps_per_epoch", received=steps_per_epoch)
 
 
 def _announce(run: _Run) -> None:

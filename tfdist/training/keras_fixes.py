@@ -15,9 +15,11 @@ import functools
 import inspect
 import threading
 import types
+from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.python.distribute import values as tf_values
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from tfdist.training import accumulation
@@ -176,16 +178,25 @@ def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
   if iterator is None or not (stamped or local_replica):
     type(self)._maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)
   elif self._distribute_strategy is not None:  # Else Keras builds when it traces.
-    for _, _, it in iterator:
-      data_batch = next(it)
-      break
-    data_batch = tf.nest.map_structure(
-        lambda v: self.distribute_strategy.experimental_local_results(v)[0],
-        data_batch[0] if stamped else data_batch)
+    # From the first local replica's element spec (Keras's symbolic build reads only shapes
+    # and dtypes), not a batch drawn from a new iterator: a Python generator's one stream
+    # would lose the batch and what the iterator prefetched.
+    spec = tf.nest.map_structure(
+        lambda s: s._value_specs[0] if isinstance(s, tf_values.PerReplicaSpec) else s,
+        iterator._distributed_dataset.element_spec)
+    data_batch = tf.nest.map_structure(lambda s: _Spec(tuple(s.shape), s.dtype),
+                                       spec[0] if stamped else spec)
     with self.distribute_strategy.scope():
       self._symbolic_build(data_batch=data_batch)
   if summed_deltas:
     sum_deltas(self.metrics_variables)  # keras#21054.
+
+
+class _Spec:
+  """What Keras's symbolic build reads of a batch (a leaf of Keras's tree, unlike a tuple)."""
+
+  def __init__(self, shape: tuple, dtype: Any):
+    self.shape, self.dtype = shape, dtype
 
 
 def counts_replicas_wrong(strategy) -> bool:

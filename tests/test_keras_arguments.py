@@ -1,0 +1,238 @@
+"""Every parameter of the installed Keras's `Model.fit`, `evaluate` and `predict`, read from
+their signatures, through `tfdist.fit`, `tfdist.evaluate` and `tfdist.predict`: each honoured
+with its Keras meaning (history and weights within 1e-5 of plain Keras's `model.fit` on one
+device), under the default strategy, mirrored and central_storage over 2 logical CPUs, with
+arrays, datasets and generators where the argument applies; or refused in one line naming it.
+A parameter Keras adds fails `test_every_parameter_of_keras_has_a_case` until it has one.
+multi_worker_mirrored's cases: tests/test_keras_contract.py."""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.training import keras_arguments
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+TOLERANCE = 1e-5
+ROWS, BATCH, EPOCHS = 256, 32, 3
+_rng = np.random.default_rng(4)
+X = _rng.normal(size=(ROWS, 8)).astype("float32")
+Y = (X[:, :4].sum(axis=1) > 0).astype("int32")
+W = _rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
+XV, YV = X[:96] * 0.5, Y[:96]
+STRATEGIES = {
+    "default": {},
+    "mirrored": {"strategy": "mirrored", "devices": {"logical_cpus": 2}},
+    "central_storage": {"strategy": "central_storage", "devices": {"logical_cpus": 2}},
+}
+
+
+def make_model():
+  init = keras.initializers.GlorotUniform(seed=3)
+  model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, "relu", kernel_initializer=init),
+                            keras.layers.Dense(2, kernel_initializer=init)])
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  return model
+
+
+def config(strategy):
+  return {**STRATEGIES[strategy], "training": {"global_batch_size": BATCH,
+                                               "mixed_precision": "off"}}
+
+
+# Each case: the arguments given alike to plain Keras and to tfdist.fit. Arguments every case
+# passes (x, y, batch_size, epochs, verbose, shuffle, callbacks) are checked by each.
+FIT_CASES = {
+    "validation_split": dict(validation_split=0.25),
+    "validation_data": dict(validation_data=(XV, YV)),
+    "sample_weight": dict(sample_weight=W),
+    "class_weight": dict(class_weight={0: 1.0, 1: 3.0}),
+    "initial_epoch": dict(initial_epoch=1),
+    "steps_per_epoch": dict(steps_per_epoch=4),
+    "validation_steps": dict(validation_data=(XV, YV), validation_steps=2),
+    "validation_batch_size": dict(validation_data=(XV, YV), validation_batch_size=16),
+    "validation_freq": dict(validation_data=(XV, YV), validation_freq=2),
+}
+EVERY_CASE = {"x", "y", "batch_size", "epochs", "verbose", "shuffle", "callbacks"}
+
+
+def _signature(method):
+  return [p for p in inspect.signature(getattr(keras.Model, method)).parameters if p != "self"]
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_every_parameter_of_keras_has_a_decision(method):
+  assert set(keras_arguments.METHODS[method]) == set(_signature(method))
+
+
+def test_every_parameter_of_keras_has_a_case():
+  assert set(_signature("fit")) == set(FIT_CASES) | EVERY_CASE
+
+
+def test_tfdist_takes_what_it_applies_itself_by_name():
+  """An argument tfdist applies is a parameter of tfdist.fit (x is `train_data`); the ones
+  Keras applies reach it through **fit_kwargs."""
+  own = set(inspect.signature(tfdist.fit).parameters)
+  for name, argument in keras_arguments.FIT.items():
+    if argument.by == keras_arguments.TFDIST:
+      assert {"x": "train_data"}.get(name, name) in own, name
+    else:
+      assert name not in own, name
+
+
+def _plain(kwargs, epochs=EPOCHS):
+  """Plain Keras on one device (no strategy, no tfdist)."""
+  model = make_model()
+  history = model.fit(X, Y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
+                      **kwargs)
+  return history, model
+
+
+def _assert_same(history, model, want_history, want_model):
+  assert history.epoch == want_history.epoch
+  assert history.history.keys() == want_history.history.keys()
+  for key, values in want_history.history.items():
+    np.testing.assert_allclose(history.history[key], values, atol=TOLERANCE, err_msg=key)
+  for got, want in zip(model.get_weights(), want_model.get_weights(), strict=True):
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("case", FIT_CASES)
+def test_fit_argument_has_its_keras_meaning(case, strategy):
+  kwargs = FIT_CASES[case]
+  want_history, want_model = _plain(kwargs)
+  history = tfdist.fit(make_model, X, Y, config=config(strategy), epochs=EPOCHS, shuffle=False,
+                       verbose=0, **kwargs)
+  _assert_same(history, history.model, want_history, want_model)
+
+
+def _dataset(*arrays):
+  return tf.data.Dataset.from_tensor_slices(arrays).batch(BATCH)
+
+
+def _generator(*arrays):
+  def batches():
+    while True:
+      for first in range(0, ROWS, BATCH):
+        yield tuple(a[first:first + BATCH] for a in arrays)
+  return batches()
+
+
+@pytest.mark.parametrize("weights", ["sample", "class"])
+@pytest.mark.parametrize("kind", ["dataset", "generator"])
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_weights_of_a_dataset_or_generator_weigh_as_keras_does(weights, kind, strategy):
+  """Sample weights carried as a third element, or class_weight beside the data."""
+  by_class = {0: 1.0, 1: 3.0}
+  want_history, want_model = _plain(
+      dict(sample_weight=W) if weights == "sample" else dict(class_weight=by_class))
+  make = _dataset if kind == "dataset" else _generator
+  data = make(X, Y, W) if weights == "sample" else make(X, Y)
+  history = tfdist.fit(make_model, data, config=config(strategy), epochs=EPOCHS,
+                       steps_per_epoch=ROWS // BATCH, verbose=0,
+                       **({} if weights == "sample" else dict(class_weight=by_class)))
+  _assert_same(history, history.model, want_history, want_model)
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_evaluate_and_predict_arguments_have_their_keras_meaning(strategy):
+  history = tfdist.fit(make_model, X, Y, config=config(strategy), epochs=1, shuffle=False,
+                       verbose=0)
+  model, plain = history.model, make_model()
+  plain.set_weights(model.get_weights())
+  seen = []
+  counter = keras.callbacks.LambdaCallback(on_test_batch_end=lambda b, logs: seen.append(b))
+  for kwargs in (dict(sample_weight=W), dict(steps=3), dict(return_dict=True),
+                 dict(callbacks=[counter])):
+    want = plain.evaluate(X, Y, batch_size=BATCH, verbose=0, **kwargs)
+    got = tfdist.evaluate(model, X, Y, config=config(strategy), verbose=0, **kwargs)
+    if isinstance(want, dict):
+      assert got.keys() == want.keys()
+      got, want = list(got.values()), list(want.values())
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, err_msg=str(kwargs))
+  assert seen, "the user's callback was not called"
+  np.testing.assert_allclose(tfdist.predict(model, X, config=config(strategy), steps=3),
+                             plain.predict(X, batch_size=BATCH, steps=3, verbose=0),
+                             atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
+def test_keras_own_methods_on_the_returned_model_give_one_devices_results(strategy):
+  """Keras's own evaluate, predict and fit again on the model tfdist.fit returns (its
+  compile's steps_per_execution given back), against plain Keras on one device."""
+  history = tfdist.fit(make_model, X, Y, config=config(strategy), epochs=1, shuffle=False,
+                       verbose=0)
+  model, plain = history.model, make_model()
+  plain.set_weights(model.get_weights())
+  assert model.steps_per_execution == 1  # The compile's, not tfdist's per-call count.
+  np.testing.assert_allclose(model.evaluate(X, Y, batch_size=BATCH, steps=3, verbose=0),
+                             plain.evaluate(X, Y, batch_size=BATCH, steps=3, verbose=0),
+                             atol=TOLERANCE)
+  np.testing.assert_allclose(model.predict(X, batch_size=BATCH, verbose=0),
+                             plain.predict(X, batch_size=BATCH, verbose=0), atol=TOLERANCE)
+  again = model.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                    sample_weight=W)
+  want = plain.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=W)
+  _assert_same(again, model, want, plain)
+
+
+def test_compiles_steps_per_execution_is_honoured_and_a_clash_refused():
+  def compiled_with_three():
+    model = make_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    return model
+  seen, want = [], []
+  targets = Y.astype("float32")[:, None].repeat(2, 1)
+  tfdist.fit(compiled_with_three, X, targets, config=config("default"), epochs=1, verbose=0,
+             callbacks=[keras.callbacks.LambdaCallback(
+                 on_train_batch_end=lambda b, logs: seen.append(b))])
+  compiled_with_three().fit(X, targets, batch_size=BATCH, verbose=0, callbacks=[
+      keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: want.append(b))])
+  assert seen == want == [2, 5, 8]  # Calls of 3 steps as the user compiled; not tfdist's 32.
+  clash = {"training": {"global_batch_size": BATCH, "steps_per_execution": 4}}
+  with pytest.raises(tfdist.ConfigError, match="training.steps_per_execution: differs from the "
+                     r"model's compile\(steps_per_execution=3\)"):
+    tfdist.fit(compiled_with_three, X, Y, config=clash, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "generator"])
+def test_validation_split_of_anything_but_arrays_is_refused_in_one_line(kind):
+  data = _dataset(X, Y) if kind == "dataset" else _generator(X, Y)
+  with pytest.raises(tfdist.ConfigError, match="validation_split: needs numpy arrays or "
+                     "tensors .* Received: "):
+    tfdist.fit(make_model, data, config=config("default"), epochs=1, steps_per_epoch=2,
+               validation_split=0.2, verbose=0)
+
+
+def test_steps_per_epoch_that_cuts_the_arrays_short_is_refused_in_one_line():
+  """Keras ends such an epoch where the arrays end (epochs of 5 and 3 of 8 batches)."""
+  with pytest.raises(tfdist.ConfigError, match=r"steps_per_epoch: must divide the 8 batches "
+                     r".*\(epochs of 5 and 3 steps\).*Received: steps_per_epoch=5"):
+    tfdist.fit(make_model, X, Y, config=config("default"), epochs=2, steps_per_epoch=5,
+               verbose=0)
+
+
+def test_sample_weight_beside_a_dataset_is_refused_in_one_line():
+  with pytest.raises(ValueError, match="sample_weight is only for numpy arrays or tensors; a "
+                     "dataset carries its own"):
+    tfdist.fit(make_model, _dataset(X, Y), config=config("default"), epochs=1,
+               sample_weight=W, verbose=0)
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_parameter_server_refuses_what_its_own_loop_does_not_take(method):
+  refused = [name for name, a in keras_arguments.METHODS[method].items()
+             if keras_arguments.PARAMETER_SERVER in a.refused]
+  assert refused
+  for name in refused:
+    with pytest.raises(tfdist.ConfigError, match=f"^{name}: is not honoured by the "
+                       "parameter-server loop: .*Received: "):
+      keras_arguments.refuse(method, {name: 1}, keras_arguments.PARAMETER_SERVER)
+    keras_arguments.refuse(method, {name: 1}, keras_arguments.SYNCHRONOUS)
