@@ -330,11 +330,24 @@ def with_shard_policy(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def reads_files(dataset: tf.data.Dataset) -> bool:
   """True when the dataset's graph has a file reader (TFRecord, text line, fixed length)."""
+  return bool({node.op.encode() for node in _nodes(dataset)} & _FILE_READERS)
+
+
+def reshuffles(dataset) -> bool:
+  """True when `dataset` (a `tf.data.Dataset`) shuffles anew each time it is iterated
+  (`shuffle(..., reshuffle_each_iteration=True)`, the default): the order of an epoch then
+  depends on how many times it was iterated before."""
+  if not isinstance(dataset, tf.data.Dataset):
+    return False
+  return any(node.op.startswith("ShuffleDataset") and (
+      node.op == "ShuffleDatasetV2" or node.attr["reshuffle_each_iteration"].b)
+      for node in _nodes(dataset))
+
+
+def _nodes(dataset: tf.data.Dataset) -> list:
   graph = tf.compat.v1.GraphDef()
   graph.ParseFromString(dataset._as_serialized_graph().numpy())
-  ops = {node.op.encode() for node in graph.node}
-  ops |= {node.op.encode() for f in graph.library.function for node in f.node_def}
-  return bool(ops & _FILE_READERS)
+  return [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
 
 
 def _with_policy(dataset: tf.data.Dataset, policy) -> tf.data.Dataset:

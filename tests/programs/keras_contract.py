@@ -1,0 +1,115 @@
+"""What a Keras user brings, as a script: Keras's everyday fit arguments, a Metric subclass of
+their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
+returns, and a seeded dataset shuffle. `python keras_contract.py plain` trains with plain Keras
+on one device (no tfdist); `python keras_contract.py tfdist` with `tfdist.fit` under the
+launched config. Each prints one `RESULT <case> <json>` line per case (the chief's, or each
+task's alike)."""
+
+import json
+import sys
+
+import numpy as np
+
+if sys.argv[1] == "tfdist":
+  import tfdist  # First: a launched task's strategy before TensorFlow starts.
+import keras
+import tensorflow as tf
+
+ROWS, BATCH, EPOCHS = 256, 32, 3
+rng = np.random.default_rng(5)
+X = rng.normal(size=(ROWS, 8)).astype("float32")
+Y = (X[:, :4].sum(axis=1) > 0).astype("float32")[:, None]
+W = rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
+
+
+class RowsSeen(keras.metrics.Metric):
+  """A user's metric: a total of rows kept in a variable, its result the variable itself."""
+
+  def __init__(self, name="rows_seen", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    self.total.assign_add(tf.cast(tf.shape(y_pred)[0], self.total.dtype))
+
+  def result(self):
+    return self.total
+
+
+class MeanMargin(keras.metrics.Metric):
+  """A user's mean: the mean of each row's absolute logit."""
+
+  def __init__(self, name="mean_margin", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.sum = self.add_variable(shape=(), initializer="zeros", name="sum")
+    self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    self.sum.assign_add(tf.reduce_sum(tf.abs(y_pred)))
+    self.count.assign_add(tf.cast(tf.shape(y_pred)[0], "float32"))
+
+  def result(self):
+    return self.sum / self.count
+
+
+def make_model():
+  init = keras.initializers.GlorotUniform(seed=3)
+  model = keras.Sequential([
+      keras.Input((8,)), keras.layers.Dense(16, "relu", kernel_initializer=init),
+      keras.layers.Dense(1, kernel_initializer=init)])
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                metrics=[keras.metrics.BinaryAccuracy(threshold=0.0), RowsSeen(), MeanMargin(),
+                         keras.metrics.AUC(from_logits=True, name="auc")])
+  return model
+
+
+FIT_CASES = {
+    "validation_split": dict(validation_split=0.25),
+    "sample_weight": dict(sample_weight=W),
+    "class_weight": dict(class_weight={0: 1.0, 1: 3.0}),
+    "initial_epoch": dict(initial_epoch=1),
+    "validation_steps": dict(validation_data=(X[:96], Y[:96]), validation_steps=2),
+}
+
+
+def shuffled():
+  """A seeded shuffle, made before any training as a script makes it."""
+  return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(ROWS, seed=9).batch(BATCH)
+
+
+def report(case, history, model):
+  print("RESULT", case, json.dumps({
+      "history": history.history, "epoch": history.epoch,
+      "weights": [w.tolist() for w in model.get_weights()]}), flush=True)
+
+
+def plain():
+  dataset = shuffled()
+  for case, kwargs in FIT_CASES.items():
+    model = make_model()
+    report(case, model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                           **kwargs), model)
+  model = make_model()
+  report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
+  print("RESULT keras_methods", json.dumps({
+      "evaluate": model.evaluate(X, Y, batch_size=BATCH, verbose=0),
+      "predict": model.predict(X, batch_size=BATCH, verbose=0).tolist()}), flush=True)
+
+
+def distributed():
+  dataset = shuffled()
+  for case, kwargs in FIT_CASES.items():
+    history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                         verbose=0, **kwargs)
+    report(case, history, history.model)
+  history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
+  report("shuffled_dataset", history, history.model)
+  model = history.model  # Keras's own methods on it.
+  print("RESULT keras_methods", json.dumps({
+      "evaluate": model.evaluate(X, Y, batch_size=BATCH, verbose=0),
+      "predict": model.predict(X, batch_size=BATCH, verbose=0).tolist()}), flush=True)
+
+
+if __name__ == "__main__":
+  plain() if sys.argv[1] == "plain" else distributed()

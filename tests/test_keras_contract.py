@@ -1,0 +1,88 @@
+"""What Keras users bring, launched by `tfdist launch` on 2 workers (or 2 logical CPUs), against
+plain Keras on one device run as a separate process without tfdist: Keras's fit arguments, a
+user's own Metric subclasses beside Keras's AUC, Keras's own evaluate and predict on the model
+tfdist.fit returns, a seeded reshuffling dataset; and scripts written as TensorFlow's
+multi-worker tutorial and Keras's distributed-training guide teach, with no tfdist in them,
+run unchanged. Every case within 1e-5 of one device."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import PROGRAMS, REPO
+from tests.launching import ENV, run_launch
+
+TOLERANCE = 1e-5
+
+
+def _results(output, prefix=""):
+  """{case: result} of a program's `RESULT [case] <json>` lines (the chief's, by `prefix`)."""
+  found = {}
+  for line in output.splitlines():
+    if line.startswith(prefix + "RESULT "):
+      rest = line[len(prefix) + len("RESULT "):]
+      case, text = ("", rest) if rest.startswith("{") else rest.split(" ", 1)
+      found[case] = json.loads(text)
+  return found
+
+
+def _one_device(program, *args):
+  """The program run by plain Python: no launcher, no TF_CONFIG, no tfdist on the path."""
+  env = {k: v for k, v in ENV.items() if not k.startswith(("TFDIST", "TF_CONFIG"))}
+  env["PYTHONPATH"] = str(REPO) if args else ""  # keras_contract imports its own module only.
+  done = subprocess.run([sys.executable, str(PROGRAMS / program), *args], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=240)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return _results(done.stdout)
+
+
+def _assert_same(got, want, case):
+  if "history" in want:
+    assert got["history"].keys() == want["history"].keys(), case
+    for key, values in want["history"].items():
+      np.testing.assert_allclose(got["history"][key], values, atol=TOLERANCE,
+                                 err_msg=f"{case} {key}")
+  for key in ("evaluate", "predict"):
+    if key in want:
+      np.testing.assert_allclose(got[key], want[key], atol=TOLERANCE, err_msg=f"{case} {key}")
+  for g, w in zip(got.get("weights", []), want.get("weights", []), strict=True):
+    np.testing.assert_allclose(g, w, atol=TOLERANCE, err_msg=f"{case} weights")
+
+
+def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path):
+  want = _one_device("keras_contract.py", "plain")
+  code, output = run_launch(
+      tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
+      "mixed_precision: 'off'}\n", "keras_contract.py", "tfdist")
+  assert code == 0, output[-3000:]
+  got = _results(output, "[worker-0] ")
+  assert got.keys() == want.keys() == {
+      "validation_split", "sample_weight", "class_weight", "initial_epoch", "validation_steps",
+      "shuffled_dataset", "keras_methods"}
+  for case in want:
+    _assert_same(got[case], want[case], case)
+  # The user's total counts every row once (not once per worker, not one worker's half).
+  assert got["sample_weight"]["history"]["rows_seen"] == [256.0] * 3
+  assert got["initial_epoch"]["epoch"] == [1, 2]
+
+
+def test_tensorflow_multi_worker_tutorial_script_runs_unchanged_on_two_workers(tmp_path):
+  want = _one_device("tf_tutorial.py")[""]
+  code, output = run_launch(tmp_path, "cluster: {worker: 2}\n", "tf_tutorial.py")
+  assert code == 0, output[-3000:]
+  got = _results(output, "[worker-0] ")[""]
+  assert (want["replicas"], got["replicas"]) == (1, 2)
+  _assert_same(got, want, "tutorial")
+
+
+def test_keras_guide_mirrored_script_runs_unchanged_on_two_logical_cpus(tmp_path):
+  """Keras's guide's `MirroredStrategy()` finds the launch's 2 logical CPUs (the launched
+  process imports tfdist when TensorFlow is imported: its devices first)."""
+  want = _one_device("keras_guide.py")[""]
+  code, output = run_launch(tmp_path, "strategy: mirrored\ndevices: {logical_cpus: 2}\n",
+                            "keras_guide.py")
+  assert code == 0, output[-3000:]
+  assert "[local] Number of devices: 2" in output
+  _assert_same(_results(output, "[local] ")[""], want, "guide")
