@@ -40,7 +40,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
     unlike.append(f"{steps_per_execution} steps per call, batch callbacks once per call "
                   "(training.steps_per_execution: 1)")
   if fused:
-    unlike.append(f"fused {fused} update (training.fused_optimizer: false)")
+    drift = ", not Keras's arithmetic" if fused.startswith("Adam") else ""
+    unlike.append(f"fused {fused} update{drift} (training.fused_optimizer: false)")
   if accumulation > 1:
     unlike.append(f"one update every {accumulation} batches "
                   "(training.gradient_accumulation_steps: 1)")
