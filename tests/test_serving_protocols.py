@@ -89,6 +89,13 @@ def test_tensorflow_servings_stub_predicts_as_keras_and_describes_the_model(stub
   for name in ("gate", "scores"):
     np.testing.assert_allclose(tf.make_ndarray(answer.outputs[name]), reference[name],
                                atol=1e-5)
+  # As TensorFlow Serving answers by default (its predict_util's AsProtoField), and its own
+  # example client reads it: the typed fields, no packed tensor_content.
+  for name in ("gate", "scores"):
+    proto = answer.outputs[name]
+    assert proto.tensor_content == b"" and proto.dtype == tf.float32.as_datatype_enum
+    np.testing.assert_allclose(np.reshape(proto.float_val, reference[name].shape),
+                               reference[name], atol=1e-5)
   request = _predict_request(version=1, signature_name="serving_default")
   request.output_filter.append("scores")
   assert list(predictions.Predict(request, timeout=30).outputs) == ["scores"]
@@ -283,3 +290,20 @@ def test_a_body_the_decoder_cannot_take_is_a_400_and_the_server_lives(server, pa
 def test_a_bad_kserve_request_is_a_400_naming_the_field(server, document, message):
   status, answer = _post(server[0], "/v2/models/two/infer", json.dumps(document).encode())
   assert status == 400 and json.loads(answer)["error"].startswith(message), answer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int16", "int32", "uint8",
+                                   "uint16", "int64", "uint32", "uint64", "bool", "float16",
+                                   "bfloat16", "complex64", "complex128", "string"])
+def test_every_dtype_is_answered_in_its_typed_field_as_tensorflow_reads_it(dtype):
+  """tf.make_ndarray, TensorFlow's own reader, gives the array back from the typed field
+  alone."""
+  from tfdist.serving.grpc_services import _typed_proto
+  values = np.arange(6).reshape(2, 3) * 3 + 1
+  array = (np.array([b"a", b"bc", b"", b"d", b"e", b"f"], dtype=object).reshape(2, 3)
+           if dtype == "string" else tf.constant(values, dtype=dtype).numpy())
+  proto = _typed_proto(array)
+  assert proto.tensor_content == b"" and proto.dtype == tf.as_dtype(dtype).as_datatype_enum
+  back = tf.make_ndarray(proto)
+  assert back.shape == (2, 3)
+  np.testing.assert_array_equal(back, array)

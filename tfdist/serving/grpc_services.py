@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 import grpc
 import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2,
                                      model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
@@ -123,7 +126,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     outputs = await self.endpoint.predict(inputs, timeout=context.time_remaining())
     return predict_pb2.PredictResponse(
         model_spec=self._spec(request.model_spec),
-        outputs={n: tf.make_tensor_proto(outputs[n]) for n in names})
+        outputs={n: _typed_proto(outputs[n]) for n in names})
 
   @_answered
   async def GetModelMetadata(self, request, context):
@@ -255,3 +258,15 @@ def _require_signature(name: str) -> None:
   if name not in ("", SERVING_DEFAULT):
     raise SignatureNotFound(f'model_spec.signature_name: Serving signature key "{name}" not '
                              f"found (this model has {SERVING_DEFAULT})")
+
+
+def _typed_proto(array) -> tensor_pb2.TensorProto:
+  """`array` as TensorFlow Serving answers it: dtype, shape and the typed field
+  (`tensors.typed_field`)."""
+  array = np.asarray(array)
+  dtype = tf.as_dtype(array.dtype)
+  proto = tensor_pb2.TensorProto(dtype=dtype.as_datatype_enum,
+                                   tensor_shape=tf.TensorShape(array.shape).as_proto())
+  field, values = tensors.typed_field(array, dtype.name)
+  getattr(proto, field).extend(values)
+  return proto

@@ -25,6 +25,34 @@ DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UI
 _NUMPY = {v: ("object" if k == "string" else k) for k, v in DATATYPES.items()}
 
 
+_TYPED_FIELDS = {"float32": "float_val", "float64": "double_val", "int8": "int_val",
+                 "int16": "int_val", "int32": "int_val", "uint8": "int_val",
+                 "uint16": "int_val", "int64": "int64_val", "uint32": "uint32_val",
+                 "uint64": "uint64_val", "bool": "bool_val", "float16": "half_val",
+                 "bfloat16": "half_val", "complex64": "scomplex_val",
+                 "complex128": "dcomplex_val", "string": "string_val"}
+
+
+def typed_field(array: np.ndarray, dtype: str) -> tuple[str, list]:
+  """The TensorProto field and values TensorFlow Serving answers a tensor of TensorFlow dtype
+  `dtype` in by default (its predict_util's `AsProtoField`: `float_val`, `int64_val`,
+  `string_val`, ...; half types as their 16 bits in `half_val`, complex numbers as real and
+  imaginary parts), not packed `tensor_content`: clients read the typed fields.
+
+  ```python
+  typed_field(np.array([[0.5, 1.5]], "float32"), "float32")   # ("float_val", [0.5, 1.5])
+  ```
+  """
+  flat = np.ravel(array)
+  if dtype in ("float16", "bfloat16"):
+    return "half_val", flat.view(np.uint16).tolist()
+  if dtype.startswith("complex"):
+    return _TYPED_FIELDS[dtype], np.stack([flat.real, flat.imag], axis=-1).ravel().tolist()
+  if dtype == "string":
+    return "string_val", [v if isinstance(v, bytes) else str(v).encode() for v in flat]
+  return _TYPED_FIELDS[dtype], flat.tolist()
+
+
 def datatype(dtype: str) -> str:
   """KServe V2's name of TensorFlow dtype `dtype` ("float32" -> "FP32").
 
