@@ -66,6 +66,18 @@ def test_data_parallel_over_two_processes_trains_as_one_device(tmp_path):
     assert_same_training(result, reference, "plain")
 
 
+def test_data_parallel_launched_with_two_logical_cpus_trains_as_one_device(tmp_path):
+  """One launched process whose config splits the CPU: import tfdist applies the devices, the
+  mesh finds 2, and the switch trains data-parallel (2 copies) with one device's results."""
+  from tests.launching import run_launch
+  code, output = run_launch(tmp_path, "devices: {logical_cpus: 2}\n", "keras_distribution.py")
+  assert code == 0, output[-3000:]
+  assert "[local] COPIES 2" in output
+  line = next(l for l in output.splitlines() if l.startswith("[local] RESULT "))
+  assert_same_training(json.loads(line[len("[local] RESULT "):]), case.train_plain("plain"),
+                       "plain")
+
+
 def _dense_stack():
   init = keras.initializers.GlorotUniform
   return keras.Sequential([

@@ -71,9 +71,9 @@ _KERAS_TRAINS = ("Keras's own fit takes its training settings from model.compile
                  "model.fit's arguments, not from the config")
 _KERAS_STRATEGY = ("in one process the DeviceMesh's devices make the strategy (a task of several "
                    "workers takes its multi_worker_mirrored options)")
-_KERAS_DEVICES = ("in one process the DeviceMesh names the devices: split the CPU with "
-                  "tfdist.configure_devices before TensorFlow starts (a launched task of several "
-                  "workers applies them at import tfdist)")
+_DEVICES_FIRST = (" (a launched task applies them at import tfdist; "
+                  "tfdist.use_keras_distribution applies them, or refuses in one line when "
+                  "TensorFlow started first)")
 _SPLIT_TRAINS = "a split model trains under tfdist.fit; the parameter-server loop does not split"
 _LOOP_LOGS = ("the loop writes no TensorBoard files of its own: write your step's outputs with "
               "tf.summary, and profile with tf.profiler.experimental.start/stop")
@@ -162,19 +162,16 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_honoured.py::test_keys_that_need_another_are_refused_without_it",)),
     # -- devices ----------------------------------------------------------------------------
     "devices.logical_cpus": Decision(
-        "the CPU split into logical devices before TensorFlow starts",
-        refused=_keras(_KERAS_DEVICES),
+        "the CPU split into logical devices before TensorFlow starts" + _DEVICES_FIRST,
         checked_by=("test_strategies.py::test_mirrored_config_mirrors_over_two_logical_cpus",)),
     "devices.logical_gpus": Decision(
-        "the first GPU split into virtual devices before TensorFlow starts",
-        refused=_keras(_KERAS_DEVICES),
+        "the first GPU split into virtual devices before TensorFlow starts" + _DEVICES_FIRST,
         checked_by=("test_devices.py::test_mirrored_over_logical_gpus_avoids_nccl",)),
     "devices.gpus_per_task": Decision(
         "the launcher's CUDA_VISIBLE_DEVICES for each local task",
         checked_by=("test_devices.py::test_each_local_task_gets_its_share_of_the_hosts_gpus",)),
     "devices.gpu_memory": Decision(
-        "each GPU's memory limit or growth, before TensorFlow starts",
-        refused=_keras(_KERAS_DEVICES),
+        "each GPU's memory limit or growth, before TensorFlow starts" + _DEVICES_FIRST,
         checked_by=("test_devices.py::test_the_launch_plan_gives_each_task_its_gpus_and_shared_ones_memory_growth",)),
     # -- training ---------------------------------------------------------------------------
     "training.global_batch_size": Decision(

@@ -95,6 +95,8 @@ def use_keras_distribution(config: ConfigLike = None):
                       "keras.distribution.DataParallel()) before tfdist.use_keras_distribution()",
                       key="keras.distribution", received=None)
   _refuse_unapplied(as_config(config))
+  from tfdist.strategy.devices import configure_devices
+  configure_devices(as_config(config).devices)  # Done already in a launched task.
   if isinstance(distribution, keras.distribution.ModelParallel):
     from tfdist.parallel import layouts
     if as_config(config).cluster.is_multi_worker:
@@ -197,11 +199,11 @@ def _require_agreement(config) -> None:
 def _refuse_unapplied(config) -> None:
   """Refuses the config's keys Keras's own fit does not apply (`tfdist.config.honoured`): its
   training, checkpoint, TensorBoard and split settings, and, in one process (where the mesh
-  makes the strategy), its strategy's and devices' too."""
+  makes the strategy), its strategy's too. Its devices are applied (`configure_devices`)."""
   from tfdist.config import honoured
   from tfdist.training import settings
   keys = tuple(k for k in honoured.DECISIONS if not (
-      config.cluster.is_multi_worker and k.startswith(("strategy.", "devices."))))
+      config.cluster.is_multi_worker and k.startswith("strategy.")))
   settings.refuse_unhonoured(config, (honoured.KERAS,), keys)
 
 
