@@ -108,9 +108,12 @@ def test_a_train_step_on_two_workers_trains_as_one_device(tmp_path):
 
 
 def test_the_loop_under_parameter_server_converges(tmp_path):
+  """8 steps an epoch (`steps=`) in calls of 3: 3, 3 and 2 steps, 32 over 4 epochs, as every
+  strategy counts them."""
   _, result = launch(tmp_path, "cluster: {chief: 1, worker: 2, ps: 1}\n"
                      "strategy: parameter_server\ntraining: {global_batch_size: 32, "
-                     "mixed_precision: 'off', steps_per_execution: 4}\n", "custom_loop.py")
+                     "mixed_precision: 'off', steps_per_execution: 3}\n", "custom_loop.py")
+  assert int(result["steps"]) == int(result["iterations"]) == 32
   assert result["losses"][-1] < 0.8 * result["losses"][0]
   # Asynchronous workers apply stale gradients: the last epoch's accuracy measured 0.73-0.90
   # over runs; chance is 0.5.
@@ -166,8 +169,8 @@ def small_loop(checkpoint_dir=None):
 
 def test_each_run_is_a_pass_over_the_data_and_a_mid_epoch_save_resumes_at_its_batch(tmp_path):
   loop, model, step, dataset = small_loop()
-  calls = [len(list(loop.run(step, dataset))) for _ in range(3)]  # 8 batches, 3 a call.
-  assert calls == [3, 3, 3] and loop.step == 24
+  steps = [len(list(loop.run(step, dataset))) for _ in range(3)]  # 8 batches, 3 a call.
+  assert steps == [8, 8, 8] and loop.step == 24  # One dict a step, whatever a call runs.
   uninterrupted = [w.numpy() for w in model.weights]
 
   loop, model, step, dataset = small_loop(tmp_path)

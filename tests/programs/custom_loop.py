@@ -4,10 +4,10 @@ per-example loss, `tape.gradient`, `optimizer.apply_gradients`, a Keras accuracy
 
     python custom_loop.py OUT_DIR [keras_loss|reduce_mean] [EXIT_AFTER_EPOCH]
 
-With PAUSE_AT=EPOCH:CALL, the chief of a first attempt prints PAUSED after that call of that
+With PAUSE_AT=EPOCH:STEP, the chief of a first attempt prints PAUSED after that step of that
 epoch (1-based) and waits until OUT_DIR/go exists: a test preempts it there. With
-HANG_AT=EPOCH:CALL, worker-1 of a first attempt (no OUT_DIR/hung) blocks for good there; with
-RAISE_AT=EPOCH:CALL it raises a RuntimeError there. With CHIEF_END_S=S, the chief works S
+HANG_AT=EPOCH:STEP, worker-1 of a first attempt (no OUT_DIR/hung) blocks for good there; with
+RAISE_AT=EPOCH:STEP it raises a RuntimeError there. With CHIEF_END_S=S, the chief works S
 seconds more after training (a clean end its peers reach first).
 
 Under the launcher's config; the chief writes OUT_DIR/result.npz (weights, per-epoch loss and
@@ -27,6 +27,7 @@ import tensorflow as tf
 import tfdist
 
 EPOCHS = 4
+COUNTED = {}  # The last train's loop.step and optimizer.iterations.
 
 
 def data():
@@ -77,13 +78,13 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(loop.global_batch_size)
   losses, accuracies = [], []
   for epoch in loop.epochs(EPOCHS):
-    total, calls = 0.0, 0
+    total_loss, num_batches = 0.0, 0  # As TensorFlow's custom-training tutorial counts.
     for logs in loop.run(train_step, dataset, steps=len(x) // loop.global_batch_size):
-      total, calls = total + float(logs["loss"]), calls + 1
-      _pause_if_asked(out, epoch + 1, calls)
-      _hang_if_asked(out, epoch + 1, calls)
-      _raise_if_asked(epoch + 1, calls)
-    losses.append(total / calls)
+      total_loss, num_batches = total_loss + float(logs["loss"]), num_batches + 1
+      _pause_if_asked(out, epoch + 1, num_batches)
+      _hang_if_asked(out, epoch + 1, num_batches)
+      _raise_if_asked(epoch + 1, num_batches)
+    losses.append(total_loss / num_batches)
     accuracies.append(float(accuracy.result()))
     accuracy.reset_state()
     loop.print(f"epoch {epoch + 1}: loss {losses[-1]:.4f} accuracy {accuracies[-1]:.4f}")
@@ -91,13 +92,15 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
         and tfdist.task() is not None and tfdist.task().index == 1:
       open(os.path.join(out, "crashed"), "w").close()
       os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
+  COUNTED.update(steps=loop.step, iterations=int(optimizer.iterations.numpy()))
   return [w.numpy() for w in model.weights], losses, accuracies
 
 
 def train_by_hand(style="keras_loss", steps_per_execution=1, accumulate=1):
   """The same training as a hand-written TensorFlow loop on one device, no tfdist: the
-  reference. Returns what `train` returns: the weights, and per epoch the mean over calls of
-  each call's last step's loss (what `loop.run` yields) and the accuracy. With `accumulate`
+  reference. Returns what `train` returns: the weights, and per epoch the mean of every step's
+  loss (`loop.run` yields each step's) and the accuracy; `steps_per_execution` changes nothing
+  of it (kept for the callers' symmetry). With `accumulate`
   > 1 the optimizer is Keras's `gradient_accumulation_steps`."""
   model = build()
   optimizer = keras.optimizers.Adam(
@@ -109,10 +112,7 @@ def train_by_hand(style="keras_loss", steps_per_execution=1, accumulate=1):
   for _ in range(EPOCHS):
     step_losses = [float(train_step(x[i:i + 32], y[i:i + 32])["loss"])
                    for i in range(0, len(x), 32)]
-    call_ends = list(range(steps_per_execution - 1, len(step_losses), steps_per_execution))
-    if call_ends[-1] != len(step_losses) - 1:  # A shorter last call ends the epoch.
-      call_ends.append(len(step_losses) - 1)
-    losses.append(float(np.mean([step_losses[i] for i in call_ends])))
+    losses.append(float(np.mean(step_losses)))
     accuracies.append(float(accuracy.result()))
     accuracy.reset_state()
   return [w.numpy() for w in model.weights], losses, accuracies
@@ -197,5 +197,5 @@ if __name__ == "__main__":
                                       exit_after=int(sys.argv[3]) if len(sys.argv) > 3 else None)
   if tfdist.is_chief():
     time.sleep(float(os.environ.get("CHIEF_END_S", "0")))
-    np.savez(os.path.join(out, "result.npz"), losses=losses, accuracies=accuracies,
+    np.savez(os.path.join(out, "result.npz"), losses=losses, accuracies=accuracies, **COUNTED,
              **{f"w{i}": w for i, w in enumerate(weights)})

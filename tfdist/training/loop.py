@@ -215,9 +215,9 @@ class TrainingLoop:
 
   def run(self, step_fn: Callable, dataset: tf.data.Dataset, *, steps: int | None = None
           ) -> Iterator[dict]:
-    """Runs `step_fn` over `dataset` for one epoch (or `steps` steps), yielding what it
-    returned after each call of `training.steps_per_execution` steps, combined over the
-    replicas. A dataset of known length is read as one stream of epochs (repeated, one
+    """Runs `step_fn` over `dataset` for one epoch (or `steps` steps, under every strategy),
+    yielding what it returned at each step, combined over the replicas (the steps run in
+    compiled calls of `training.steps_per_execution`). A dataset of known length is read as one stream of epochs (repeated, one
     iterator across runs, a reshuffling `shuffle` reshuffled each epoch): each run takes its
     next `steps` batches, one epoch by default.
 
@@ -231,8 +231,10 @@ class TrainingLoop:
         epoch; required under parameter_server when neither is known).
 
     Yields:
-      A dict of numpy values (a step returning one value: `{"output": value}`), the last
-      step's of each call.
+      A dict of numpy values for every step run, in order (a step returning one value:
+      `{"output": value}`): a scalar as one device's (the replicas' values weighted by their
+      examples), a tensor's rows gathered in input order. A running mean over what it yields
+      is a mean over steps, as in TensorFlow's custom-training tutorials.
 
     Raises:
       ConfigError: the dataset is batched by another size than `global_batch_size`; or, under
@@ -266,14 +268,14 @@ class TrainingLoop:
       progress.begin_call(self._epoch, self._steps_into_epoch)
       try:
         with replica_math.unscaled_keras_losses():
-          outputs, ran = call(iterator, tf.constant(count))
+          scalars, tensors, ran = call(iterator, tf.constant(count))
       except (StopIteration, tf.errors.OutOfRangeError):
         progress.finish_call(where=_OWN_LOOP)
         break
       progress.finish_call(self._steps_into_epoch + int(ran), _OWN_LOOP)
       done += int(ran)
       self._after_call(int(ran))
-      yield _numpy(outputs)
+      yield from _each_step(_numpy(scalars), _numpy(tensors), int(ran))
       if int(ran) < count:
         break
 
@@ -326,15 +328,26 @@ class TrainingLoop:
       combined.update({k: strategy.gather(v, axis=0) for k, v in outputs.items()})
       return combined
 
+    def written(arrays, index, outputs):
+      return {k: a.write(index, outputs[k]) for k, a in arrays.items()}
+
     @tf.function(reduce_retracing=True)
     def call(iterator, count):
-      outputs, ran = one(iterator.get_next()), tf.constant(1)  # OutOfRange: the epoch is over.
+      first = one(iterator.get_next())  # OutOfRange: the epoch is over.
+      arrays = written({k: tf.TensorArray(v.dtype, size=0, dynamic_size=True, infer_shape=False)
+                        for k, v in first.items()}, 0, first)
+      ran = tf.constant(1)
       for _ in tf.range(count - 1):
         optional = iterator.get_next_as_optional()
         if not optional.has_value():
           break
-        outputs, ran = one(optional.get_value()), ran + 1
-      return outputs, ran
+        arrays, ran = written(arrays, ran, one(optional.get_value())), ran + 1
+      # Every step's outputs: a scalar's stacked, a tensor's rows concatenated with each
+      # step's count.
+      scalars = {k: a.stack() for k, a in arrays.items() if first[k].shape.rank == 0}
+      tensors = {k: (a.concat(), _row_counts(a)) for k, a in arrays.items()
+                 if first[k].shape.rank != 0}
+      return scalars, tensors, ran
     self._compiled[id(step_fn)] = call
     return call
 
@@ -354,33 +367,37 @@ class TrainingLoop:
           self._coordinator.create_per_worker_dataset(dataset.repeat()))
     iterator = self._worker_iterators[id(dataset)]
     per_call = self.config.training.steps_per_execution
-    key = ("workers", id(step_fn), per_call)
+    counts = [min(per_call, steps - first) for first in range(0, steps, per_call)]
+    calls = [(count, self._coordinator.schedule(self._on_a_worker(step_fn, count),
+                                                args=(iterator,))) for count in counts]
+    for i, (count, scheduled) in enumerate(calls):
+      progress.begin_call(self._epoch, self._steps_into_epoch)
+      outputs = scheduled.fetch()
+      progress.finish_call(self._steps_into_epoch + count, _OWN_LOOP)
+      if self._listening and self._notice.stop_now():  # The calls scheduled run first.
+        with progress.collective(progress.Collective.COORDINATOR_JOIN):
+          self._coordinator.join()
+        self._advance(sum(counts[i:]))
+        self._preempted()
+      self._advance(count)
+      for step_outputs in outputs:  # Every step's, as the synchronous loop yields them.
+        yield _numpy(step_outputs)
+    with progress.collective(progress.Collective.COORDINATOR_JOIN):
+      self._coordinator.join()
+
+  def _on_a_worker(self, step_fn, count: int):
+    """The function a worker runs for one call of `count` steps (unrolled: a few steps, one
+    scheduled function), returning every step's outputs."""
+    key = ("workers", id(step_fn), count)
     if key not in self._compiled:
       strategy = self.strategy
 
       @tf.function
       def call(iterator):
-        outputs = None
-        for _ in range(per_call):  # Unrolled: a few steps, one scheduled function.
-          outputs = strategy.run(lambda b: _as_dict(step_fn(*_arguments(b))),
-                                 args=(next(iterator),))
-        return outputs
+        return [strategy.run(lambda b: _as_dict(step_fn(*_arguments(b))), args=(next(iterator),))
+                for _ in range(count)]
       self._compiled[key] = call
-    calls = [self._coordinator.schedule(self._compiled[key], args=(iterator,))
-             for _ in range(math.ceil(steps / per_call))]
-    for i, scheduled in enumerate(calls):
-      progress.begin_call(self._epoch, self._steps_into_epoch)
-      outputs = _numpy(scheduled.fetch())
-      progress.finish_call(self._steps_into_epoch + per_call, _OWN_LOOP)
-      if self._listening and self._notice.stop_now():  # The calls scheduled run first.
-        with progress.collective(progress.Collective.COORDINATOR_JOIN):
-          self._coordinator.join()
-        self._advance(per_call * (len(calls) - i))
-        self._preempted()
-      self._advance(per_call)
-      yield outputs
-    with progress.collective(progress.Collective.COORDINATOR_JOIN):
-      self._coordinator.join()
+    return self._compiled[key]
 
   def epochs(self, count: int | None = None) -> Iterator[int]:
     """The epochs to run, 0-based, starting where the config's checkpoint left off; each one's
@@ -535,8 +552,25 @@ def _is_scalar(value) -> bool:
   return value.shape.rank == 0 and (value.dtype.is_floating or value.dtype.is_integer)
 
 
+def _row_counts(array: tf.TensorArray) -> tf.Tensor:
+  """The rows each step wrote into `array` (a TensorArray of tensors with a batch axis)."""
+  return tf.map_fn(lambda i: tf.shape(array.read(i))[0], tf.range(array.size()),
+                   fn_output_signature=tf.int32)
+
+
+def _each_step(scalars: dict, tensors: dict, steps: int) -> Iterator[dict]:
+  """One dict per step of a call: each scalar's value at that step, each tensor's rows of that
+  step (`tensors[k]`: the rows of every step, and each step's count)."""
+  offsets = {k: np.concatenate([[0], np.cumsum(counts)]) for k, (_, counts) in tensors.items()}
+  for step in range(steps):
+    yield {**{k: v[step] for k, v in scalars.items()},
+           **{k: rows[offsets[k][step]:offsets[k][step + 1]]
+              for k, (rows, _) in tensors.items()}}
+
+
 def _numpy(outputs) -> dict:
-  return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in outputs.items()}
+  return {k: tuple(np.asarray(p) for p in v) if isinstance(v, tuple) else
+          np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in outputs.items()}
 
 
 def _length(dataset) -> int | None:
