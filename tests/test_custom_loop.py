@@ -197,3 +197,43 @@ def test_prepare_says_what_it_takes():
     optimizer = keras.optimizers.SGD(0.1)
   with pytest.raises(ValueError, match="Received: SGD alone"):
     loop.prepare(optimizer)
+
+
+def test_what_a_port_gets_wrong_is_named_in_one_line():
+  """A Sequential without Input, a model built outside the loop's scope, a name the step did
+  not return: each one line saying what to do (not a raw TensorFlow error)."""
+  import keras
+  import tensorflow as tf
+  import tfdist
+  loop = tfdist.TrainingLoop({"strategy": "mirrored", "devices": {"logical_cpus": 2},
+                              "training": {"global_batch_size": 32}})
+  with loop.scope():
+    unbuilt = keras.Sequential([keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam()
+  with pytest.raises(ValueError, match=r"^loop.prepare: model 'sequential\w*' is not built yet "
+                     r"\(a Sequential without keras.Input .*keras.Input\(shape\)"):
+    loop.prepare(unbuilt, optimizer)
+  outside = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  with pytest.raises(tfdist.ModelError, match=r"^loop.prepare: model '\w+' was built outside "
+                     r"the strategy's scope.*: build it inside `with loop.scope\(\):`$"):
+    loop.prepare(outside, optimizer)
+  with loop.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  loop.prepare(model, optimizer)
+  dataset = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"),)).batch(32)
+  logs = next(loop.run(lambda x: tf.reduce_mean(model(x)), dataset))
+  with pytest.raises(KeyError, match=r"'loss': the step returned \['output'\]; return "
+                     r"\{'loss': value\} from the step"):
+    logs["loss"]
+
+
+def test_fit_refuses_a_model_built_before_model_fn_in_one_line():
+  import keras
+  import tfdist
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(optimizer="sgd", loss="mse")
+  with pytest.raises(tfdist.ModelError, match=r"^tfdist.fit's model_fn: model '\w+' was built "
+                     r"outside the strategy's scope, so MirroredStrategy does not hold"):
+    tfdist.fit(lambda: model, np.ones((64, 4), "float32"), np.ones((64, 2), "float32"),
+               config={"strategy": "mirrored", "devices": {"logical_cpus": 2},
+                       "training": {"global_batch_size": 32}}, verbose=0)

@@ -86,3 +86,27 @@ def test_keras_guide_mirrored_script_runs_unchanged_on_two_logical_cpus(tmp_path
   assert code == 0, output[-3000:]
   assert "[local] Number of devices: 2" in output
   _assert_same(_results(output, "[local] ")[""], want, "guide")
+
+
+def test_tensorflow_custom_training_tutorial_ported_by_the_docs_diff_on_two_workers(tmp_path):
+  """The tutorial's own loop on one device against its port (the custom-loop page's diff: the
+  step's signature, `return loss`, `total_loss / num_batches`, the test step, a metric read on
+  the chief alone, `tf.train.Checkpoint.save` on every worker, all as the tutorial has them)
+  on 2 workers."""
+  plain = subprocess.run(
+      [sys.executable, str(PROGRAMS / "tf_custom_training.py"), "tutorial",
+       str(tmp_path / "tutorial")], env={**ENV, "PYTHONPATH": ""}, cwd=REPO,
+      capture_output=True, text=True, timeout=240)
+  assert plain.returncode == 0, plain.stderr[-3000:]
+  want = _results(plain.stdout)[""]
+  out = tmp_path / "ported"
+  code, output = run_launch(tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
+                            "mixed_precision: 'off'}\n", "tf_custom_training.py", "ported",
+                            str(out))
+  assert code == 0, output[-3000:]
+  got = _results(output, "[worker-0] ")[""]
+  _assert_same(got, want, "custom training")
+  # The chief's print, once per epoch; its checkpoints alone in the shared directory.
+  assert len([l for l in output.splitlines() if l.startswith("[worker-0] Epoch ")]) == 3
+  assert sorted(p.name for p in (out / "training_checkpoints").iterdir()) == sorted(
+      p.name for p in (tmp_path / "tutorial" / "training_checkpoints").iterdir())

@@ -440,6 +440,11 @@ def _build(run: _Run, model_fn, compile) -> None:
     with dtype_policy.building_with(run.chosen.policy):
       model = model_fn()
     _require_model(model)
+    from tfdist.training import in_scope
+    in_scope.require_built_in_scope(
+        strategy, [model], "tfdist.fit's model_fn",
+        "build the model inside model_fn (tfdist.fit calls it in the strategy's scope), not "
+        "before: a model made outside trains without the strategy")
     dtype_policy.keep_outputs_float32(model)
     if compile is not None:
       model.compile(**(compile() if callable(compile) else compile))

@@ -58,7 +58,7 @@ from tfdist.config.loader import ConfigLike, as_config
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
 from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
-                             report, settings, sharded_optimizer)
+                             report, settings, sharded_optimizer, user_files)
 
 
 class TrainingLoop:
@@ -115,6 +115,8 @@ class TrainingLoop:
     settings.refuse_unhonoured(self.config, self._paths)
     self._lease = settings.hold_checkpoint_dir(self.config)  # Released when the epochs end.
     self.strategy = make_strategy(self.config)
+    keras_fixes.install()  # Keras's own methods of models built in the loop's scope, fixed.
+    user_files.checkpoints_on_chief_only(self.config)  # A script's own tf.train.Checkpoint.
     settings.seed(self.config)
     self.asynchronous = strategies.kind(self.config.strategy.name).asynchronous
     self.replicas = self.strategy.num_replicas_in_sync
@@ -130,6 +132,7 @@ class TrainingLoop:
     self._tracked: dict[str, object] = {}
     self._compiled: dict[int, Callable] = {}
     self._coordinator, self._worker_iterators, self._streams = None, {}, {}
+    self._synced: list[_SyncedMetric] = []  # Metrics read without a collective between runs.
 
   def _announce(self) -> None:
     """The chief's start line, once, when training starts (the optimizer's settings known)."""
@@ -167,9 +170,19 @@ class TrainingLoop:
 
     Raises:
       TypeError: an object of another kind.
-      ValueError: an optimizer without built models before it.
+      ValueError: an optimizer without built models before it; a model not built yet.
+      ModelError: a model built outside `scope()`.
     """
+    from tfdist.training import in_scope
     models = [o for o in objects if isinstance(o, keras.Model)]
+    for model in models:
+      if not model.built:
+        raise ValueError(f"loop.prepare: model {model.name!r} is not built yet (a Sequential "
+                         "without keras.Input builds at its first call), so the optimizer has "
+                         "no weights to be built on: start it with keras.Input(shape), or call "
+                         "model.build((None, ...)) inside loop.scope() first")
+    in_scope.require_built_in_scope(self.strategy, models, "loop.prepare",
+                                    "build it inside `with loop.scope():`")
     for obj in objects:
       if isinstance(obj, keras.Model):
         dtype_policy.keep_outputs_float32(obj)
@@ -179,6 +192,8 @@ class TrainingLoop:
       elif isinstance(obj, keras.metrics.Metric):
         if keras_fixes.counts_replicas_wrong(self.strategy) or self.asynchronous:
           keras_fixes.sum_deltas(obj.variables)
+        if keras_fixes.in_multi_worker_mode(self.strategy):
+          self._synced.append(_SyncedMetric(obj))
       else:
         raise TypeError("loop.prepare takes Keras models, optimizers and metrics. "
                         f"Received: {type(obj).__name__}")
@@ -262,6 +277,8 @@ class TrainingLoop:
       iterator = self._iterator(dataset.skip(skip) if skip else dataset)
     call = self._call(step_fn)
     done = 0
+    for metric in self._synced:
+      metric.thaw()
     while steps is None or done < steps:
       count = self.config.training.steps_per_execution
       count = count if steps is None else min(count, steps - done)
@@ -278,6 +295,8 @@ class TrainingLoop:
       yield from _each_step(_numpy(scalars), _numpy(tensors), int(ran))
       if int(ran) < count:
         break
+    for metric in self._synced:  # Every worker, in the same order: one all-reduce each.
+      metric.freeze()
 
   def _iterator(self, dataset):
     # The default strategy has nothing to distribute, and its distributed dataset (an extra
@@ -309,9 +328,9 @@ class TrainingLoop:
     def one(batch):
       def replica(batch):
         if strategy.num_replicas_in_sync == 1:  # One device's arithmetic already.
-          return _as_dict(step_fn(*_arguments(batch)))
+          return _as_dict(step_fn(*_arguments(batch, step_fn)))
         outputs, _ = replica_math.with_share(batch, global_batch,
-                                             lambda: step_fn(*_arguments(batch)))
+                                             lambda: step_fn(*_arguments(batch, step_fn)))
         outputs = _as_dict(outputs)
         scalar_keys[:] = [k for k, v in outputs.items() if _is_scalar(v)]
         examples = tf.cast(replica_math.rows(batch), tf.float32)
@@ -381,7 +400,7 @@ class TrainingLoop:
         self._preempted()
       self._advance(count)
       for step_outputs in outputs:  # Every step's, as the synchronous loop yields them.
-        yield _numpy(step_outputs)
+        yield StepLogs(_numpy(step_outputs))
     with progress.collective(progress.Collective.COORDINATOR_JOIN):
       self._coordinator.join()
 
@@ -394,7 +413,8 @@ class TrainingLoop:
 
       @tf.function
       def call(iterator):
-        return [strategy.run(lambda b: _as_dict(step_fn(*_arguments(b))), args=(next(iterator),))
+        return [strategy.run(lambda b: _as_dict(step_fn(*_arguments(b, step_fn))),
+                             args=(next(iterator),))
                 for _ in range(count)]
       self._compiled[key] = call
     return self._compiled[key]
@@ -533,14 +553,68 @@ class TrainingLoop:
     return manager()
 
 
-def _arguments(batch) -> tuple:
-  return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+def _arguments(batch, step_fn=None) -> tuple:
+  """The step's arguments: a batch's elements (`step(x, y)`), or the batch whole for a step of
+  one parameter (`train_step(inputs)`, as TensorFlow's custom-training tutorial writes it)."""
+  if not isinstance(batch, (tuple, list)) or _takes_one(step_fn):
+    return (batch,)
+  return tuple(batch)
+
+
+def _takes_one(step_fn) -> bool:
+  import inspect
+  try:
+    parameters = list(inspect.signature(step_fn).parameters.values())
+  except (TypeError, ValueError):
+    return False
+  positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  return len(positional) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
 
 def _as_dict(outputs) -> dict:
   if outputs is None:
     return {}
   return dict(outputs) if isinstance(outputs, dict) else {"output": outputs}
+
+
+class _SyncedMetric:
+  """A metric of a multi-worker loop whose `result()` reads no collective between runs.
+
+  Keras's metric variables are sync-on-read: read outside a step, each is an all-reduce over
+  the workers, so a metric read on the chief alone (`if tfdist.is_chief(): print(m.result())`)
+  is a collective the other workers skip: the next step's all-reduce then meets the chief's
+  read ("Shape mismatch in the collective instance"), or both wait for good. At the end of
+  each `loop.run`, every worker reads each variable once (the all-reduce), and until the next
+  run or `reset_state` a read gives that value on any worker alone.
+  """
+
+  def __init__(self, metric):
+    self._variables = [getattr(v, "value", v) for v in metric.variables]
+    keras_reset = metric.reset_state
+
+    def reset_state():
+      self.thaw()
+      keras_reset()
+    metric.reset_state = reset_state
+
+  def freeze(self) -> None:
+    for variable in self._variables:
+      synced = type(variable)._get_cross_replica(variable)
+      variable._get_cross_replica = lambda synced=synced: synced
+
+  def thaw(self) -> None:
+    for variable in self._variables:
+      vars(variable).pop("_get_cross_replica", None)
+
+
+class StepLogs(dict):
+  """What `loop.run` yields for a step: its outputs by name; a missing name says which the step
+  returned (a step returning one value returns it as "output")."""
+
+  def __missing__(self, key):
+    raise KeyError(f"{key!r}: the step returned {sorted(self) or 'nothing'}" + (
+        f"; return {{{key!r}: value}} from the step to name its value {key!r}"
+        if list(self) == ["output"] else ""))
 
 
 _PACKED = "__tfdist_scalars"
@@ -563,9 +637,9 @@ def _each_step(scalars: dict, tensors: dict, steps: int) -> Iterator[dict]:
   step (`tensors[k]`: the rows of every step, and each step's count)."""
   offsets = {k: np.concatenate([[0], np.cumsum(counts)]) for k, (_, counts) in tensors.items()}
   for step in range(steps):
-    yield {**{k: v[step] for k, v in scalars.items()},
-           **{k: rows[offsets[k][step]:offsets[k][step + 1]]
-              for k, (rows, _) in tensors.items()}}
+    yield StepLogs({**{k: v[step] for k, v in scalars.items()},
+                    **{k: rows[offsets[k][step]:offsets[k][step + 1]]
+                       for k, (rows, _) in tensors.items()}})
 
 
 def _numpy(outputs) -> dict:

@@ -1,4 +1,5 @@
-"""The user's own files written once, by the chief: their Keras callbacks and `model.save`.
+"""The user's own files written once, by the chief: their Keras callbacks, `model.save`, and a
+script's own `tf.train.Checkpoint.save`.
 
 Every worker of a synchronous cluster runs the same script, so each one's `ModelCheckpoint`,
 `CSVLogger`, `TensorBoard` and `model.save` write the same path at once (two MultiWorkerMirrored
@@ -64,6 +65,26 @@ def save_on_chief_only(model, config: Config) -> None:
   for name in ("save", "save_weights"):
     method = getattr(model, name)
     setattr(model, name, functools.partial(_save_aside, method, config))
+
+
+def checkpoints_on_chief_only(config: Config) -> None:
+  """Makes a script's own `tf.train.Checkpoint(...).save(prefix)` of a non-chief task write to a
+  temporary directory that is removed at once, as tf-keras's distributed_file_utils does for its
+  own files (two MultiWorkerMirrored workers saving one prefix measured: "..._temp/
+  part-00000-of-00001 did not exist"); the save itself runs everywhere. Process-wide, for the
+  class's public `save` (a CheckpointManager writes through its own path, unchanged); nothing
+  on the chief."""
+  import tensorflow as tf
+  if is_chief(config) or getattr(tf.train.Checkpoint.save, "tfdist_aside", False):
+    return
+  tf_save = tf.train.Checkpoint.save
+
+  @functools.wraps(tf_save)
+  def save(checkpoint, file_prefix, *args, **kwargs):
+    with scratch_dir(config) as scratch:
+      return tf_save(checkpoint, _inside(scratch, file_prefix), *args, **kwargs)
+  save.tfdist_aside = True
+  tf.train.Checkpoint.save = save
 
 
 def _save_aside(method, config: Config, filepath, *args, **kwargs):
