@@ -7,6 +7,7 @@ GENERATED = {
     "reference/config.md": ("tfdist.config.reference", "markdown"),
     "reference/cli.md": ("tfdist.cli.reference", "markdown"),
     "reference/exit-codes.md": ("tfdist.cli.reference", "exit_codes_markdown"),
+    "reference/keras-arguments.md": ("tfdist.training.keras_arguments", "markdown"),
 }
 
 

@@ -236,3 +236,54 @@ def test_parameter_server_refuses_what_its_own_loop_does_not_take(method):
                        "parameter-server loop: .*Received: "):
       keras_arguments.refuse(method, {name: 1}, keras_arguments.PARAMETER_SERVER)
     keras_arguments.refuse(method, {name: 1}, keras_arguments.SYNCHRONOUS)
+
+
+def test_synchronized_batch_normalization_gives_one_devices_weights_and_the_default_does_not():
+  """What the docs say of BatchNormalization across replicas (from-your-script.md)."""
+  def model_fn(synchronized):
+    def build():
+      init = keras.initializers.GlorotUniform(seed=1)
+      model = keras.Sequential([
+          keras.Input((8,)), keras.layers.Dense(16, kernel_initializer=init),
+          keras.layers.BatchNormalization(synchronized=synchronized),
+          keras.layers.Dense(2, kernel_initializer=init)])
+      model.compile(optimizer="sgd",
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+      return model
+    return build
+  gaps = {}
+  for synchronized in (False, True):
+    plain = model_fn(synchronized)()
+    plain.fit(X, Y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    model = tfdist.fit(model_fn(synchronized), X, Y, config={**STRATEGIES["mirrored"], "training": {
+        "global_batch_size": 64, "mixed_precision": "off"}}, epochs=2, shuffle=False,
+        verbose=0).model
+    gaps[synchronized] = max(float(np.abs(a - b).max())
+                             for a, b in zip(model.get_weights(), plain.get_weights()))
+  assert gaps[True] < TOLERANCE < 100 * TOLERANCE < gaps[False], gaps
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_users_metrics_and_keras_auc_read_as_on_one_device(strategy):
+  """A total whose result is its variable, a mean of the user's, and Keras's stateful AUC, in
+  fit's history and Keras's own evaluate of the returned model."""
+  from tests.programs.user_metrics import MeanMargin, RowsSeen
+
+  def binary():
+    init = keras.initializers.GlorotUniform(seed=3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, "relu", kernel_initializer=init),
+                              keras.layers.Dense(1, kernel_initializer=init)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[RowsSeen(), MeanMargin(), keras.metrics.AUC(from_logits=True, name="auc")])
+    return model
+  targets = Y.astype("float32")[:, None]
+  plain = binary()
+  want = plain.fit(X, targets, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  history = tfdist.fit(binary, X, targets, config=config(strategy), epochs=2, shuffle=False,
+                       verbose=0)
+  _assert_same(history, history.model, want, plain)
+  assert history.history["rows_seen"] == [float(ROWS)] * 2
+  np.testing.assert_allclose(history.model.evaluate(X, targets, batch_size=BATCH, verbose=0),
+                             plain.evaluate(X, targets, batch_size=BATCH, verbose=0),
+                             atol=TOLERANCE)

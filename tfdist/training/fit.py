@@ -162,6 +162,7 @@ class _Run:
   first_step: int = 0
   resumed: bool = False  # From a backup (not the caller's initial_epoch).
   read_anew: bool = False  # A reshuffling dataset, read by Keras epoch by epoch.
+  shuffled_arrays: bool = False  # Arrays in tfdist's seeded order.
   train: Any = None
   steps_per_epoch: int | None = None
   epoch_steps: int | None = None
@@ -188,9 +189,10 @@ class _Run:
 def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: int | None,
            arrays: bool = False) -> _Run:
   """The strategy made, the model built."""
-  from tfdist.training import keras_fixes
+  from tfdist.training import keras_fixes, user_files
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   keras_fixes.install()  # Keras's own methods on the model fixed too.
+  user_files.checkpoints_on_chief_only(config)  # A script's own tf.train.Checkpoint.
   settings.seed(config)
   hybrid = _hybrid(config)
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
@@ -242,6 +244,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
     _require_whole_epochs(steps_per_epoch, data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync))
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
+  run.shuffled_arrays = bool(shuffle and data.is_arrays(train_data))
   if shuffle and run.global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync)
@@ -295,7 +298,8 @@ def _announce(run: _Run) -> None:
       strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution, fused=run.fused,
       accumulation=config.training.gradient_accumulation_steps,
-      sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables)))
+      sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
+      shuffled_arrays=run.shuffled_arrays))
   if run.resumed:
     report.say(report.resume_line(
         run.first_epoch, run.epochs, run.files[0].directory,

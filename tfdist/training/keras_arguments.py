@@ -172,3 +172,23 @@ def split_validation(x, y, sample_weight, *, validation_split: float, validation
   (x, y, sample_weight), held_out = array_slicing.train_validation_split(
       (x, y, sample_weight), validation_split=validation_split)
   return x, y, sample_weight, tuple(part for part in held_out if part is not None)
+
+
+def markdown() -> str:
+  """The docs' reference page of these tables (generated at every build, `docs/hooks.py`)."""
+  lines = ["# Keras's fit, evaluate and predict arguments", "",
+           "Every parameter of Keras's `Model.fit`, `Model.evaluate` and `Model.predict`, and "
+           "what `tfdist.fit`, `tfdist.evaluate` and `tfdist.predict` do with it: applied by "
+           "tfdist with Keras's meaning before it makes the dataset, or passed to Keras; and "
+           "the paths that refuse it, in one line naming it. Generated from "
+           "`tfdist.training.keras_arguments`; the tests read the installed Keras's "
+           "signatures against it.", ""]
+  for method, table in METHODS.items():
+    lines += [f"## `Model.{method}`", "", "| argument | by | meaning | refused by |",
+              "|---|---|---|---|"]
+    for name, argument in table.items():
+      refused = "; ".join(f"{path}: {why}" for path, why in argument.refused.items()) or "—"
+      by = "tfdist" if argument.by == TFDIST else "Keras"
+      lines.append(f"| `{name}` | {by} | {argument.meaning} | {refused} |")
+    lines.append("")
+  return "\n".join(lines)

@@ -205,7 +205,8 @@ def counts_replicas_wrong(strategy) -> bool:
 
 
 def sum_deltas(variables) -> None:
-  """Makes each variable's `assign_add` TensorFlow's own, which adds deltas.
+  """Makes each variable's `assign_add` TensorFlow's own, which adds deltas, and its `assign` the
+  delta it makes.
 
   keras-team/keras#21054: Keras's assign_add is assign(self + delta). Under CentralStorage a
   metric variable is an AggregatingVariable(SUM), which sums the replicas' assigned values (the
@@ -216,10 +217,19 @@ def sum_deltas(variables) -> None:
     return
   for variable in variables:
     variable.assign_add = types.MethodType(_add_delta, variable)
+    variable.assign = types.MethodType(_assign_as_delta, variable)
 
 
 def _add_delta(variable, value):
   return variable.value.assign_add(tf.cast(value, variable.dtype))
+
+
+def _assign_as_delta(variable, value):
+  """`assign(new)` as the delta it adds to the variable: Keras's confusion-matrix metrics (AUC,
+  Precision, ...) write `var.assign(var + delta)`, which an AggregatingVariable(SUM) sums with
+  the old total in each replica's value, as for `assign_add`."""
+  tensor = variable.value
+  return tensor.assign_add(tf.cast(value, variable.dtype) - tensor)
 
 
 def _reduce_scalars_whole(original, values, strategy, reduction):

@@ -29,7 +29,7 @@ def train_step(x, y):                              # as for one device
 
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(loop.global_batch_size)
 for epoch in loop.epochs(5):                       # resumes where a restarted run left off
-  for logs in loop.run(train_step, dataset):       # one dict per call of the compiled steps
+  for logs in loop.run(train_step, dataset):       # one dict per step
     pass
   loop.print(f"epoch {epoch}: loss {logs['loss']:.4f} accuracy {accuracy.result():.4f}")
   accuracy.reset_state()
@@ -317,7 +317,8 @@ class TrainingLoop:
 
   def _call(self, step_fn):
     """The compiled function running up to `count` steps of `step_fn` from a distributed
-    iterator: (the last step's combined outputs, the steps run)."""
+    iterator: (every step's scalars stacked, every step's tensors with their row counts, the
+    steps run)."""
     if id(step_fn) in self._compiled:
       return self._compiled[id(step_fn)]
     strategy, global_batch = self.strategy, self.global_batch_size

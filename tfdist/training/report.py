@@ -20,7 +20,8 @@ from tfdist.machine import precision as precision_lib
 
 def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                  precision: "precision_lib.Precision", steps_per_execution: int,
-                 fused: str | None, accumulation: int, sharded: str | None = None) -> str:
+                 fused: str | None, accumulation: int, sharded: str | None = None,
+                 shuffled_arrays: bool = False) -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
   that plain Keras would not, with the config key that turns it off, and what `auto`
   measured. Pure."""
@@ -47,6 +48,9 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                   "(training.gradient_accumulation_steps: 1)")
   if sharded:
     unlike.append(sharded)
+  if shuffled_arrays:
+    unlike.append("arrays shuffled in an order of (training.seed, epoch), the same on every "
+                  "worker and replica count, not Keras's (shuffle=False keeps theirs)")
   return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
 
 
