@@ -3,6 +3,7 @@ end, killed, restarted, interrupted and started with a missing peer."""
 
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -58,9 +59,15 @@ def test_a_config_without_a_cluster_is_one_process(write_config, tmp_path):
   (only,) = plan.processes
   assert (only.name, only.address, only.argv, only.serves) == ("local", None, ("python", "t.py"),
                                                                False)
-  assert dict(only.env) == {"TFDIST_CONFIG": str(path), "TFDIST_PREPARE": "1",
-                            "TFDIST_FRESH": "1", "TFDIST_RUN": tmp_path.name,
-                            "TFDIST_HEARTBEAT": str(tmp_path / ".local.heartbeat")}
+  env = dict(only.env)
+  # The script hook first on the path, then the launcher's own (tests/test_keras_contract.py
+  # runs scripts that never import tfdist through it).
+  assert env.pop("PYTHONPATH").split(os.pathsep) == [
+      str(pathlib.Path(tfdist.__file__).parent / "script_hook"),
+      *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+  assert env == {"TFDIST_CONFIG": str(path), "TFDIST_PREPARE": "1",
+                 "TFDIST_FRESH": "1", "TFDIST_RUN": tmp_path.name,
+                 "TFDIST_HEARTBEAT": str(tmp_path / ".local.heartbeat")}
 
 
 def test_one_task_of_a_real_cluster(write_config, tmp_path):

@@ -16,7 +16,7 @@ LAYERS = (
     {"job_files", "testing"},
     {"cli"},
     {"tfdist", "__main__"},  # The package's own __init__ (the public API) and its entry point.
-    {"examples"},  # A user's script: it imports the public API.
+    {"examples", "script_hook"},  # A user's script, and what imports tfdist into one.
 )
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 

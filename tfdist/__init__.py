@@ -12,7 +12,7 @@ the user's command: there it makes that task's strategy at once (`tfdist.strateg
 the script may build its data before calling `tfdist.fit`, and runs Keras's own fit, evaluate
 and predict inside tfdist's Keras 3 fixes (`tfdist.training.keras_fixes.install`). A launched
 script that never imports tfdist gets the same when TensorFlow is imported
-(`tfdist/launch/script_hook`).
+(`tfdist/script_hook`).
 """
 
 import warnings

@@ -211,7 +211,7 @@ def heartbeat_path(log_dir: str, name: str) -> str:
 
 
 SCRIPT_HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "launch", "script_hook")
+                           "script_hook")
 """The folder whose `sitecustomize` imports tfdist in a launched script that does not."""
 
 

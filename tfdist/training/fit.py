@@ -240,7 +240,8 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   if inputs.initial_epoch > run.first_epoch:
     run.first_epoch, run.first_step = inputs.initial_epoch, 0
   steps_per_epoch = steps_per_epoch or training.steps_per_epoch
-  if steps_per_epoch and run.global_batch and data.is_arrays(train_data):
+  if steps_per_epoch and run.global_batch and data.is_arrays(train_data) and \
+      not run.asynchronous:  # Keras's loop, not the parameter-server one's endless reads.
     _require_whole_epochs(steps_per_epoch, data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync))
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
