@@ -102,6 +102,12 @@ def test_the_start_line_names_every_choice_and_how_to_turn_it_off():
                               precision=Precision("off", "float32"), steps_per_execution=1,
                               fused=None, accumulation=1)
   assert plain == "tfdist: default, 1 replica, batch from the data."
+  shuffled = report.choices_line(strategy_name="default", replicas=1, global_batch=32,
+                                 precision=Precision("off", "float32"), steps_per_execution=1,
+                                 fused=None, accumulation=1, shuffled_arrays=True)
+  assert shuffled.endswith("Unlike plain Keras: arrays shuffled by (training.seed, epoch): one "
+                           "order on every worker and replica count, not Keras's "
+                           "(shuffle=False: the arrays' own order)")
 
 
 @pytest.mark.parametrize("speedup,policy,said", [

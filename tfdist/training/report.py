@@ -49,8 +49,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
   if sharded:
     unlike.append(sharded)
   if shuffled_arrays:
-    unlike.append("arrays shuffled in an order of (training.seed, epoch), the same on every "
-                  "worker and replica count, not Keras's (shuffle=False keeps theirs)")
+    unlike.append("arrays shuffled by (training.seed, epoch): one order on every worker and "
+                  "replica count, not Keras's (shuffle=False: the arrays' own order)")
   return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
 
 
