@@ -33,6 +33,7 @@ def _launch(tmp_path, *flags, loop=False, board=False, gone_at=2):
                       str(PROGRAMS / "elastic.py"), env=env)
 
 
+@pytest.mark.timeout(480)  # Past its own 420 s bound, so that bound's message is the one seen.
 @pytest.mark.parametrize("loop", [False, True], ids=["fit", "training_loop"])
 def test_a_worker_gone_for_good_leaves_two_that_finish_with_one_devices_weights(tmp_path, loop):
   """Under tfdist.fit with a restart: it fails at epoch 2, and again at once when restarted;
@@ -85,6 +86,7 @@ def test_a_min_workers_that_cannot_apply_is_refused_in_one_line(tmp_path, flags,
   assert message in output
 
 
+@pytest.mark.timeout(960)  # Its launchers' own bounds (300 s each) fire first.
 def test_per_host_launches_go_on_without_a_stopped_host_and_take_it_back_in(tmp_path):
   """Three per-host launches (one a worker, as on three hosts; here all on 127.0.0.1) meeting
   at the chief's launcher (`--rendezvous-port`): worker-2's launcher is stopped as epoch 1

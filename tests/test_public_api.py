@@ -111,6 +111,7 @@ def test_each_public_definition_is_documented_google_style(name, obj):
     assert EXAMPLE.search(doc), f"{name}: no fenced ```python example"
 
 
+@pytest.mark.timeout(460)  # Past its runner's own 400 s bound.
 def test_every_example_runs(tmp_path):
   # One process for all: 2 logical CPUs first (the examples that ask for them then find them),
   # each example in a namespace of its own, in a folder with the repository's configs (their
