@@ -287,3 +287,22 @@ def test_a_users_metrics_and_keras_auc_read_as_on_one_device(strategy):
   np.testing.assert_allclose(history.model.evaluate(X, targets, batch_size=BATCH, verbose=0),
                              plain.evaluate(X, targets, batch_size=BATCH, verbose=0),
                              atol=TOLERANCE)
+
+
+def test_save_and_load_as_tensorflows_tutorial_does_across_strategies(tmp_path):
+  """TensorFlow's "Save and load a model using a distribution strategy": the model trained
+  under mirrored saved with `model.save`, loaded without a strategy and inside another
+  strategy's scope, and trained on by Keras's own fit: each as plain Keras continuing on one
+  device from the same file."""
+  history = tfdist.fit(make_model, X, Y, config=config("mirrored"), epochs=1, shuffle=False,
+                       verbose=0)
+  path = tmp_path / "model.keras"
+  history.model.save(path)
+  plain = keras.models.load_model(path)
+  want = plain.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  with tfdist.mirrored(logical_cpus=2).scope():
+    restored = keras.models.load_model(path)
+  got = restored.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  _assert_same(got, restored, want, plain)
+  np.testing.assert_allclose(restored.evaluate(X, Y, batch_size=BATCH, verbose=0),
+                             plain.evaluate(X, Y, batch_size=BATCH, verbose=0), atol=TOLERANCE)
