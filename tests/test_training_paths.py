@@ -7,6 +7,7 @@ input refused before training."""
 import os
 import signal
 import sys
+import unittest.mock
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+import tfdist.progress as progress
 from tfdist.config import honoured
 from tfdist.training import settings
 from tests.conftest import PROGRAMS
@@ -82,12 +84,14 @@ def run_loop(config: dict) -> dict:
     return loss
   x, y = custom_loop.data()
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
-  calls, seen = 0, {}
-  for _ in loop.epochs(config["training"]["epochs"]):
-    for _ in loop.run(step, dataset):
-      calls += 1
-      seen = _observe(model, optimizer)
-  return {"weights": [w.numpy() for w in model.weights], "calls": calls, **seen}
+  calls, seen = [], {}
+  begin_call = progress.begin_call  # Called once per compiled call (the hang watch's record).
+  with unittest.mock.patch.object(progress, "begin_call",
+                                  lambda *a: calls.append(a) or begin_call(*a)):
+    for _ in loop.epochs(config["training"]["epochs"]):
+      for _ in loop.run(step, dataset):  # One dict per step, however many a call runs.
+        seen = _observe(model, optimizer)
+  return {"weights": [w.numpy() for w in model.weights], "calls": len(calls), **seen}
 
 
 RUNS = {settings.FIT: run_fit, settings.LOOP: run_loop}
@@ -234,7 +238,8 @@ def test_a_sigterm_to_the_launcher_preempts_the_loop_and_the_relaunch_resumes_th
   at that step and ends with an uninterrupted one-device run's weights."""
   config = MWMS_LOOP + f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n"
   seen = []
-  process = _launch(tmp_path, config, "reduce_mean", env={"PAUSE_AT": "2:2"})
+  # Paused after epoch 2's 4th step, the end of its 2nd call of 2 steps.
+  process = _launch(tmp_path, config, "reduce_mean", env={"PAUSE_AT": "2:4"})
   try:
     read_until(process, r"PAUSED", 180, seen)
     process.send_signal(signal.SIGTERM)
