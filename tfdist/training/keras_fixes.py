@@ -141,16 +141,12 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
             self, iterator, data_batch, stamped=clock is not None, local_replica=local_replica,
             summed_deltas=_BROKEN and _central_storage(strategy)), model)
   before, _inside.fixing = getattr(_inside, "fixing", False), True
-  if not multi_worker:
-    try:
-      yield
-    finally:
-      _inside.fixing = before
-    return
-  # keras-team/keras#20585: reduce_per_replica reduces rank-0 losses with axis=0. Use axis=None.
   original = tf_trainer.reduce_per_replica
-  tf_trainer.reduce_per_replica = lambda values, strategy, reduction: _reduce_scalars_whole(
-      original, values, strategy, reduction)
+  if multi_worker:
+    # keras-team/keras#20585: reduce_per_replica reduces rank-0 losses with axis=0. Use
+    # axis=None.
+    tf_trainer.reduce_per_replica = lambda values, strategy, reduction: _reduce_scalars_whole(
+        original, values, strategy, reduction)
   try:
     yield
   finally:
