@@ -5,7 +5,7 @@ import signal
 import psutil
 import pytest
 
-from tests import slurm_run
+from tests import bounds, flag_coverage, slurm_run
 from tfdist.machine import facts
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,6 +23,8 @@ def gpu_env() -> dict:
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "gpu: needs a GPU (run with -m gpu); skipped without one")
+  if not hasattr(config, "workerinput"):  # The controller: pytest-xdist's workers inherit it.
+    flag_coverage.start()
 
 
 # Every process the suite starts inherits this mark (tests pass os.environ on), so the checks
@@ -38,11 +40,16 @@ def pytest_runtest_call(item):
   """Kills, by process group, every process a test's body started that outlives it, whatever
   the outcome; a test that passed but left one fails, naming it."""
   before = {p.pid for p in _started_by_suite()}
+  marker = item.get_closest_marker("timeout")
+  bounds.running_test(float(marker.args[0]) if marker and marker.args else
+                      float(item.config.getini("timeout") or 0))
   try:
     result = yield
   except BaseException:
     _kill(_outliving(before))
     raise
+  finally:
+    bounds.running_test(None)
   left = _outliving(before)
   _kill(left)
   assert not left, "the test left processes alive (killed now):\n" + _describe(left)
@@ -76,6 +83,13 @@ def pytest_sessionfinish(session, exitstatus):
   """Fails the run when a process the suite started (a fixture's, say) is still alive."""
   for run in _BACKGROUND:
     slurm_run.stop(run)
+  if not hasattr(session.config, "workerinput"):
+    unseen = flag_coverage.finish()
+    if unseen and exitstatus == 0 and flag_coverage.whole_suite(session.config):
+      reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+      reporter.write_sep("=", f"{len(unseen)} flag(s) no test gave through the CLI", red=True)
+      reporter.write_line("  " + ", ".join(unseen))
+      session.exitstatus = pytest.ExitCode.TESTS_FAILED
   left = _started_by_suite()
   if not left:
     return

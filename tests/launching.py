@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests import bounds
 from tests.conftest import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -35,6 +36,7 @@ def start_launch(*args, env=None):
 
 def read_until(process, pattern, timeout, seen):
   """Reads the launcher's output into `seen` until a line matches; returns the match."""
+  bounds.check(timeout)
   deadline = time.monotonic() + timeout
   os.set_blocking(process.stdout.fileno(), False)
   while time.monotonic() < deadline:

@@ -53,6 +53,26 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
                          '"$SLURM_JOB_ID" && exit 0\nexit $status\n')
 
 
+def test_export_slurm_from_the_cli_asks_the_cpus_and_launches_with_backend_slurm():
+  result = tfdist_cli("export", "slurm", "configs/multi_worker_mirrored.yaml", "--cpus-per-task",
+                      "4", "--", "python", "t.py")
+  assert result.returncode == 0, result.stderr
+  assert "#SBATCH --cpus-per-task=4\n" in result.stdout, result.stdout
+  assert " launch " in result.stdout and " --backend slurm " in result.stdout, result.stdout
+
+
+def test_launch_slurm_is_the_old_spelling_of_backend_slurm():
+  """Outside an srun task both refuse alike, naming what they lack; --slurm says its new name."""
+  args = ("configs/multi_worker_mirrored.yaml", "--", "python", "t.py")
+  old = tfdist_cli("launch", args[0], "--slurm", *args[1:])
+  new = tfdist_cli("launch", args[0], "--backend", "slurm", *args[1:])
+  env = {"SLURM_PROCID", "SLURM_NTASKS"} & set(ENV)
+  assert not env, env
+  assert old.returncode == new.returncode == 2, old.stderr
+  assert old.stderr == "tfdist launch: --slurm is now spelled --backend slurm\n" + new.stderr
+  assert "--backend slurm: needs the environment of an srun task" in new.stderr, new.stderr
+
+
 def test_the_sbatch_notice_is_the_configs_preemption_signal(write_config):
   config = tfdist.load_config(write_config(
       "cluster: {worker: 2}\ncheckpoint: {dir: /shared/ck, preemption_signal: SIGUSR1}\n"),

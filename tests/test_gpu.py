@@ -1,18 +1,30 @@
 """On a machine with 1 to 8 GPUs (`pytest -m gpu`; skipped elsewhere): two local workers get
 their GPUs (one shared, or one each), a model compiled with Keras's defaults splits over two logical GPUs and trains, mirrored
 runs over logical GPUs, and `auto` precision is measured on the GPU. Every run goes through the
-launcher with the machine's GPUs given back (the rest of the suite hides them)."""
+launcher with the machine's GPUs given back (the rest of the suite hides them). Each program
+prints where each weight lives (which would read CPU without a GPU), and the training is
+compared with plain Keras on this process's CPU."""
 
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import GPUS, PROGRAMS, gpu_env
 from tests.launching import finish, start_launch
+from tests.test_user_script import placed, plain_keras_weights
 
 pytestmark = pytest.mark.gpu
 TRAINING = "training: {global_batch_size: 64, epochs: 3}\n"
+FLOAT32 = "training: {global_batch_size: 64, epochs: 3, mixed_precision: 'off'}\n"
+TF32 = 2e-2  # TensorFloat-32 matmuls (TensorFlow's default on compute capability >= 8.0).
+
+
+def assert_plain_keras(out):
+  saved = np.load(out / "result.npz")
+  for i, want in enumerate(plain_keras_weights()):
+    np.testing.assert_allclose(saved[f"w{i}"], want, atol=TF32)
 
 
 def launch(tmp_path, config, *program):
@@ -25,17 +37,21 @@ def launch(tmp_path, config, *program):
 
 
 def test_two_local_workers_get_their_gpus_and_train(tmp_path):
-  """One GPU: both workers share it, growing their memory; 2 to 8: each worker its own."""
+  """One GPU: both workers share it, growing their memory; 2 to 8: each worker its own. Each
+  worker's weights live on its GPU and end as plain Keras's."""
   import tfdist
   from tfdist.launch.gpus import host_shares
-  config_text = "cluster: {worker: 2}\n" + TRAINING
+  config_text = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n" + FLOAT32
   output = launch(tmp_path, config_text, str(PROGRAMS / "user_script.py"), str(tmp_path / "out"))
   config = tfdist.load_config(tmp_path / "config.yaml", environ={})
   shares = host_shares(config, GPUS).values()
   for share in shares:
     assert f"CUDA_VISIBLE_DEVICES={','.join(share.devices)}" in output, output[-3000:]
   assert ("TF_FORCE_GPU_ALLOW_GROWTH=true" in output) == any(s.shared for s in shares)
-  assert "out of memory" not in output and "final loss" in output
+  for task in ("worker-0", "worker-1"):  # Each process sees its own GPU(s) from GPU:0.
+    where = set(re.findall(rf"PLACED {task} \S+ \S+device:(\w+:\d+)", output))
+    assert where == {"GPU:0"}, (task, where)
+  assert_plain_keras(tmp_path / "out")
 
 
 def test_a_default_compiled_model_splits_over_two_logical_gpus_and_trains(tmp_path):
@@ -43,15 +59,20 @@ def test_a_default_compiled_model_splits_over_two_logical_gpus_and_trains(tmp_pa
                   str(PROGRAMS / "split_default_compiled.py"))
   assert "tfdist: jit_compile off for the model split over devices" in output
   first, last = map(float, re.search(r"LOSSES (\S+) (\S+)", output).groups())
+  plain = [float(v) for v in re.search(r"PLAIN_LOSSES (\S+) (\S+)", output).groups()]
   assert last < first
+  np.testing.assert_allclose([first, last], plain, rtol=5e-2)  # One CPU, plain Keras.
   placed = set(re.findall(r"PLACED \S+ (\S+)", output))
   assert {d.split("device:")[-1] for d in placed} == {"GPU:0", "GPU:1"}, placed
 
 
-def test_mirrored_over_two_logical_gpus_trains(tmp_path):
-  output = launch(tmp_path, "strategy: mirrored\ndevices: {logical_gpus: 2}\n" + TRAINING,
+def test_mirrored_over_two_logical_gpus_trains_as_plain_keras(tmp_path):
+  output = launch(tmp_path, "strategy: mirrored\ndevices: {logical_gpus: 2}\n" + FLOAT32,
                   str(PROGRAMS / "user_script.py"), str(tmp_path / "out"))
-  assert "mirrored, 2 replicas" in output and "final loss" in output
+  assert "mirrored, 2 replicas" in output
+  where = placed(output)
+  assert len(where) == 4 and all(d == {"GPU:0", "GPU:1"} for d in where.values()), where
+  assert_plain_keras(tmp_path / "out")
 
 
 def test_auto_precision_is_measured_on_the_gpu(tmp_path):

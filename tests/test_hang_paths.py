@@ -4,9 +4,11 @@ progressing run never named; and the audit that keeps every collective tfdist ru
 declared (`tfdist.progress.Collective`), so a new one cannot escape the watch."""
 
 import json
+import re
 
 import pytest
 
+from tfdist import progress
 from tests.programs import custom_loop
 from tests.launching import MWMS_WITH_BACKUP as MWMS, run_launch as _launch
 
@@ -16,10 +18,11 @@ pytestmark = pytest.mark.usefixtures("two_cpus")
 def test_a_slow_run_and_a_slow_epoch_end_are_never_named(tmp_path):
   code, output = _launch(
       tmp_path, MWMS % (tmp_path / "checkpoints"), "resumable.py",
-      # 8 s: on a loaded machine (a suite beside it) a healthy worker was seen 3 s between two
-      # calls; the first epoch's end takes 12 s, longer than that deadline and within its own.
-      flags=("--hang-timeout", "8", "--epoch-end-timeout", "30"),
-      env={"STEP_LINES": "1", "SLOW_EPOCH_END": "12", "TMPDIR": str(tmp_path)})
+      # 20 s: on a loaded machine (a suite beside it) a healthy worker was seen 3 s between
+      # two calls; the first epoch's end takes 30 s, longer than that deadline and well within
+      # its own.
+      flags=("--hang-timeout", "20", "--epoch-end-timeout", "120"),
+      env={"STEP_LINES": "1", "SLOW_EPOCH_END": "30", "TMPDIR": str(tmp_path)})
   assert code == 0, output[-4000:]
   assert "hang:" not in output, output[-4000:]
 
@@ -47,8 +50,11 @@ def test_a_parameter_server_workers_blocked_step_names_that_worker_not_the_chief
             f"epochs: 4, mixed_precision: 'off'}}\ncheckpoint: {{dir: {tmp_path / 'ck'}}}\n")
   code, output = _launch(tmp_path, config, "ps_fit.py",
                          flags=("--hang-timeout", "10", "--max-restarts", "1"),
-                         env={"TRAIN_STEP": "guide", "HANG_MARKER": str(tmp_path / "hung")})
+                         env={"TRAIN_STEP": "guide", "HANG_MARKER": str(tmp_path / "hung"),
+                              "PHASE_AUDIT": "1"})
   assert code == 0, output[-4000:]
+  chief = (tmp_path / "logs" / "chief-0.log").read_text()
+  assert set(re.findall(r"MARKED (\w+)$", chief, re.MULTILINE)) == _PARAMETER_SERVER_MARKS
   line = next(l for l in output.splitlines() if "hang: " in l)
   assert "hang: worker-1 has been running a call chief-0 scheduled for" in line, line
   assert "while chief-0 waits for it in call" in line, line
@@ -71,13 +77,30 @@ def test_the_coordinator_still_runs_each_call_in_worker_process_closure():
 
 # Each training path with every collective tfdist runs between its calls switched on: the
 # preemption agreement (checkpoint.dir), the step times' gather (tensorboard.log_dir), the
-# sharded optimizer's gather at each backup, evaluation (validation_data), periodic averaging.
+# sharded optimizer's gather at each backup, evaluation (validation_data), periodic averaging;
+# with the recorded functions each path must be seen running (any phase) and the collectives it
+# must enter.
 _AUDITED = {
     "fit": ("training: {global_batch_size: 32, shard_optimizer: true, steps_per_execution: 2}\n"
-            "tensorboard: {log_dir: %(tmp)s/tb}\n", {}),
+            "tensorboard: {log_dir: %(tmp)s/tb}\n", {},
+            {"compiled function", "all_reduce_v2", "all_gather_v2"},
+            {"KERAS_LOOP", "PREEMPTION_AGREEMENT", "STEP_TIMES", "SHARDED_GATHER",
+             "EXIT_BARRIER"}),
     "training_loop": ("training: {global_batch_size: 32, steps_per_execution: 2, "
-                      "average_every: 3}\n", {"LOOP": "1"}),
+                      "average_every: 3}\n", {"LOOP": "1"},
+                      {"compiled function", "all_reduce_v2"},
+                      {"PREEMPTION_AGREEMENT", "PERIODIC_AVERAGING", "EXIT_BARRIER"}),
 }
+# Entered by the parameter-server test above (its chief prints them: ps_fit.py, PHASE_AUDIT).
+_PARAMETER_SERVER_MARKS = {"COORDINATOR_JOIN"}
+
+
+def test_every_collective_is_entered_by_some_audited_run():
+  """A declared collective no run enters is a place the watch no longer sees (or a
+  declaration to remove)."""
+  entered = set().union(*(marks for *_, marks in _AUDITED.values()), _PARAMETER_SERVER_MARKS)
+  assert entered == {c.name for c in progress.Collective}, entered ^ {
+      c.name for c in progress.Collective}
 
 
 @pytest.mark.parametrize("path", list(_AUDITED))
@@ -85,8 +108,9 @@ def test_every_collective_tfdist_runs_between_calls_is_declared_where_it_runs(tm
   """No compiled function, eager collective or barrier that tfdist's code runs while the task
   records its own code (a callback, an epoch's end): there a task waiting for its peers would
   be taken for the one they wait for. A new collective fails this until it is marked
-  (`progress.collective`)."""
-  extra, env = _AUDITED[path]
+  (`progress.collective`); the recording is shown to see the path's collectives, and the
+  marks the path must enter are entered."""
+  extra, env, ran, marks = _AUDITED[path]
   config = (MWMS % (tmp_path / "checkpoints")) + extra % {"tmp": tmp_path}
   code, output = _launch(tmp_path, config, "phase_audit.py", env=env)
   assert code == 0, output[-4000:]
@@ -94,6 +118,10 @@ def test_every_collective_tfdist_runs_between_calls_is_declared_where_it_runs(tm
     log = (tmp_path / "logs" / f"{task}.log").read_text()
     audit = json.loads(log.split("AUDIT ", 1)[1].splitlines()[0])
     assert audit == [], f"{task}: {audit[:5]}"
+    calls = json.loads(log.split("CALLS ", 1)[1].splitlines()[0])
+    assert ran <= {kind for kind, count in calls.items() if count}, (task, calls)
+    marked = set(re.findall(r"MARKED (\w+)$", log, re.MULTILINE))
+    assert marked == marks, (task, marked)
 
 
 def test_an_evaluator_stuck_in_its_evaluation_is_named_and_restarted_alone(tmp_path):

@@ -14,12 +14,14 @@ import urllib.request
 
 import keras
 import numpy as np
+import psutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tfdist
+from tfdist.machine.ports import accepts
 from tests.conftest import PROGRAMS, REPO
-from tests.launching import ENV, finish, start_launch
+from tests.launching import ENV, finish, read_until, start_launch
 
 TRAINING = ("training: {global_batch_size: 64, epochs: 3, mixed_precision: off, "
             "steps_per_execution: 4%s}\n")
@@ -185,17 +187,33 @@ def test_a_resumed_run_continues_its_curves(tmp_path, monkeypatch):
   assert [s for s, _ in train["batch_loss"]] == list(range(2, 17, 2))
 
 
-def test_tfdist_tensorboard_serves_the_scalars_on_loopback(runs):
+@pytest.mark.parametrize("how", ["tensorboard", "tensorboard --bind-all", "launch --tensorboard"])
+def test_tensorboard_from_the_cli_serves_the_scalars(runs, how, write_config):
+  """`tfdist tensorboard` on loopback (or every interface with --bind-all), and the one a
+  launch starts beside its tasks with `--tensorboard` (on the config's log directory, stopped
+  with the launch)."""
   run = runs("mwms")
-  server = subprocess.Popen([sys.executable, "-m", "tfdist", "tensorboard", str(run.parent)],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+  if how == "launch --tensorboard":
+    config = write_config(f"tensorboard: {{log_dir: {run.parent}}}\n")
+    argv = ["launch", str(config), "--tensorboard", "--logs", str(config.parent / "logs"), "--",
+            sys.executable, "-c", "import time; time.sleep(120)"]
+  else:
+    argv = [*how.split(), str(run.parent)]
+  server = subprocess.Popen([sys.executable, "-m", "tfdist", *argv], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
   try:
-    for line in server.stdout:
-      match = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
-      if match:
-        break
-    url = match.group(1)
+    seen = []
+    match = read_until(server, r"at http://(127\.0\.0\.1|0\.0\.0\.0):(\d+)/", 90, seen)
+    assert match.group(1) == ("0.0.0.0" if "bind-all" in how else "127.0.0.1"), seen
+    if how.startswith("launch"):  # Its signals are the launch's once its task started.
+      read_until(server, r"local started \(pid", 90, seen)
+    port = int(match.group(2))
+    listening = {c.laddr.ip for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening == ({"0.0.0.0"} if "bind-all" in how else {"127.0.0.1"}) or \
+        ("bind-all" in how and listening == {"::"}), listening
+    url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
     while True:
       tags = json.loads(urllib.request.urlopen(url + "data/plugin/scalars/tags").read())
@@ -209,7 +227,8 @@ def test_tfdist_tensorboard_serves_the_scalars_on_loopback(runs):
     os.killpg(server.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group.
     # TensorBoard's own server ignores SIGINT; tfdist's SIGTERM ends it (the time:
     # bench_launcher_reactions).
-    assert server.wait(timeout=60) == 0
+    assert server.wait(timeout=60) == (0 if how.startswith("tensorboard") else 128 + 2)
+    assert not accepts(f"127.0.0.1:{port}")  # TensorBoard stopped with it.
   finally:
     if server.poll() is None:
       server.kill()

@@ -5,6 +5,7 @@ HTTP on 127.0.0.1, and `tfdist model-export` reloaded and equal."""
 import concurrent.futures
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO
-from tests.launching import ENV
+from tests.launching import ENV, read_until
 from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # Before TensorFlow starts: the split test.
@@ -79,14 +80,17 @@ def test_an_oversize_request_is_split_and_answered_whole(model):
 
 
 def test_a_lone_caller_never_waits_for_a_batch(model):
-  predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=500)
+  """By `predict` (its own thread) and by `submit` (the batching thread, which sees no other
+  caller): ten minutes each, had it waited for a batch to fill."""
+  predictor = BatchingPredictor(model, max_batch_size=32, max_wait_ms=600_000)
+  pool = concurrent.futures.ThreadPoolExecutor(1)
   try:
-    start = time.monotonic()
-    for i in range(20):
-      predictor.predict(X[i:i + 1])
-    assert time.monotonic() - start < 5  # 20 x 500 ms had it waited.
+    for i in range(10):
+      assert pool.submit(predictor.predict, X[i:i + 1]).result(timeout=30).shape == (1, 3)
+      assert predictor.submit(X[i:i + 1]).result(timeout=30).shape == (1, 3)
     assert predictor.stats.batches[1] == 20
   finally:
+    pool.shutdown(wait=False)
     predictor.close()
 
 
@@ -129,14 +133,14 @@ def test_bad_requests_fail_alone(model):
     predictor.close()
 
 
-def slow_model(seconds, started=None):
-  """A model whose every call takes `seconds`, setting the event `started` as it begins."""
+def held_model(started, release):
+  """A model whose every call sets the event `started` as it begins and ends once `release` is
+  set (within 30 s)."""
   inputs = keras.Input((20,), name="features")
 
   def sleep(x):
-    if started is not None:
-      started.set()
-    time.sleep(seconds)
+    started.set()
+    assert release.wait(30), "never released"
     return x
   slowed = keras.layers.Lambda(lambda x: tf.ensure_shape(
       tf.numpy_function(sleep, [x], tf.float32), x.shape))(inputs)
@@ -144,16 +148,20 @@ def slow_model(seconds, started=None):
 
 
 def test_deadlines_and_the_queue_bound_are_honoured():
-  started = threading.Event()
-  predictor = BatchingPredictor(slow_model(0.2, started), max_batch_size=1, max_queue=2)
-  started.clear()  # Set by the warm-up's call.
+  started, release = threading.Event(), threading.Event()
+  release.set()  # For the warm-up's call.
+  predictor = BatchingPredictor(held_model(started, release), max_batch_size=1, max_queue=2)
+  started.clear()
+  release.clear()
   try:
-    busy = predictor.submit(X[:1])  # Runs for 0.2 s; the next two wait in the queue.
+    busy = predictor.submit(X[:1])  # Runs until released; the next two wait in the queue.
     assert started.wait(30)
     expiring = predictor.submit(X[1:2], timeout=0.01)
     waiting = predictor.submit(X[2:3])
     with pytest.raises(QueueFull, match=r"queue full \(2 requests waiting\)"):
       predictor.submit(X[3:4])
+    time.sleep(0.05)  # Past the expiring request's deadline, while it still waits.
+    release.set()
     with pytest.raises(DeadlineExceeded):
       expiring.result(timeout=5)
     assert busy.result(timeout=5).shape == waiting.result(timeout=5).shape == (1, 3)
@@ -189,18 +197,11 @@ def start_server(model_path, *flags, name="digits"):
                              "--model-name", name, *flags], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-  deadline, seen = time.monotonic() + 90, []
-  for line in server.stdout:
-    seen.append(line)
-    match = re.search(rf"(http://127\.0\.0\.1:\d+)/v1/models/{name} .* "
-                      r"grpc://(127\.0\.0\.1:\d+)", line)
-    if match:
-      server.grpc_address = match.group(2)  # Beside the HTTP URL, for the gRPC tests.
-      return server, match.group(1)
-    if time.monotonic() > deadline:
-      break
-  server.kill()
-  pytest.fail("".join(seen))
+  match = read_until(server, rf"(http://127\.0\.0\.1:\d+)/v1/models/{name} .* "
+                             r"grpc://(127\.0\.0\.1:\d+)", 90, [])  # Or killed, and failed.
+  os.set_blocking(server.stdout.fileno(), True)
+  server.grpc_address = match.group(2)  # Beside the HTTP URL, for the gRPC tests.
+  return server, match.group(1)
 
 
 def stop(server):
@@ -239,15 +240,19 @@ def server(served):
 
 @pytest.mark.parametrize("name,port", [("a TensorFlow Serving gRPC client", "8500"),
                                        ("a KServe V2 client", "8501")])
-def test_the_serving_pages_clients_run_as_written(served, name, port):
-  """The how-to's client examples, against a server of the digits model (its ports put in)."""
+def test_the_serving_pages_clients_run_as_written(served, name, port, model):
+  """The how-to's client examples, against a server of the digits model (its ports put in,
+  NumPy's random rows seeded): the scores they print are the model's own."""
   from tests import docs_blocks
   address = served[1] if port == "8500" else served[0].removeprefix("http://")
   code = docs_blocks.named(name).code.replace(f"127.0.0.1:{port}", address)
-  done = subprocess.run([sys.executable, "-c", code], env=ENV, cwd=REPO, capture_output=True,
-                        text=True, timeout=120)
+  done = subprocess.run([sys.executable, "-c", "import numpy\nnumpy.random.seed(7)\n" + code],
+                        env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert re.search(r"\[\[\s*-?\d", done.stdout), done.stdout  # Two rows of scores printed.
+  np.random.seed(7)
+  reference = model.predict(np.random.rand(2, 20).astype("float32"), verbose=0)
+  printed = [float(n) for n in re.findall(r"-?\d+\.\d*(?:e[-+]?\d+)?", done.stdout)]
+  np.testing.assert_allclose(printed, reference.ravel(), atol=1e-5, err_msg=done.stdout)
 
 
 def test_the_endpoint_predicts_in_tensorflow_servings_formats(server, model):

@@ -60,7 +60,7 @@ def test_the_same_script_trains_under_every_strategy(runs, strategy):
   assert float(np.load(out / "result.npz")["loss"]) < 1.9, output[-3000:]
 
 
-def _plain_keras_weights():
+def plain_keras_weights():
   """The script's training written for plain Keras on one device, no tfdist: the same data,
   seed, model, optimizer, batch and epochs, `model.fit` of the same dataset."""
   import tensorflow as tf
@@ -80,8 +80,29 @@ def _plain_keras_weights():
 def test_the_script_under_one_device_and_two_workers_equals_plain_keras(runs, strategy):
   code, output, out = runs(strategy)
   assert code == 0, output[-3000:]
-  for got, want in zip(weights(out), _plain_keras_weights(), strict=True):
+  for got, want in zip(weights(out), plain_keras_weights(), strict=True):
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def placed(output: str) -> dict[str, set[str]]:
+  """{weight path: the device kinds and numbers of its copies} from the script's PLACED lines
+  (the chief's, or the only task's)."""
+  found = {}
+  for task, path, devices in re.findall(r"PLACED (\S+) (\S+) (\S+)", output):
+    if task in ("local", "worker-0", "chief-0"):
+      found[path] = {d.split("device:")[-1] if "/job:ps" not in d else "ps:" +
+                     d.split("device:")[-1] for d in devices.split(",")}
+  return found
+
+
+@pytest.mark.parametrize("strategy,devices", [("default", {"CPU:0"}),
+                                              ("mirrored", {"CPU:0", "CPU:1"}),
+                                              ("parameter_server", {"ps:CPU:0"})])
+def test_each_weight_lives_where_the_strategy_puts_it(runs, strategy, devices):
+  code, output, _ = runs(strategy)
+  assert code == 0, output[-3000:]
+  where = placed(output)
+  assert len(where) == 4 and all(d == devices for d in where.values()), where
 
 
 @pytest.mark.parametrize("strategy,kind", [("mirrored", "function"), ("default", "generator")])

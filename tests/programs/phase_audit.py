@@ -3,14 +3,15 @@ path switched on by the config, and records every collective run outside a compi
 training steps: an eager all-reduce or all-gather, a barrier, or a compiled function that
 tfdist's own code calls, each with the phase the task had recorded then (`tfdist.progress`).
 Prints `AUDIT <json>`: the ones run in the task's own code (`Phase.OWN`, `Phase.EPOCH_END`),
-where the hang watch would take a task waiting for its peers for one its peers wait for.
+where the hang watch would take a task waiting for its peers for one its peers wait for;
+`CALLS <json>`: how many times each recorded function ran in any phase (so a test knows the
+recording saw them); `MARKED <name>` as the task first enters each `tfdist.progress.Collective`.
 
 LOOP=1 trains through `tfdist.TrainingLoop` instead of `tfdist.fit`."""
 
 import functools
 import json
 import os
-import sys
 import traceback
 
 import tfdist
@@ -19,6 +20,8 @@ from tests.programs import equivalence_case as case
 
 TFDIST = os.path.dirname(tfdist.__file__)
 seen = []
+calls: dict[str, int] = {}
+marked: set[str] = set()  # The Collectives' values entered.
 
 
 def _tfdist_caller() -> str | None:
@@ -33,6 +36,7 @@ def _recording(kind, function):
   @functools.wraps(function)
   def recorded(*args, **kwargs):
     import tensorflow as tf
+    calls[kind] = calls.get(kind, 0) + 1
     phase = progress.snapshot()["phase"]
     if tf.executing_eagerly() and phase in (progress.Phase.OWN.value,
                                             progress.Phase.EPOCH_END.value):
@@ -48,8 +52,17 @@ def audit():
   from tensorflow.python.eager import context
   from tensorflow.python.eager.polymorphic_function import polymorphic_function
   from tensorflow.python.ops import collective_ops
-  for name in ("all_reduce_v2", "all_gather_v2", "broadcast_send_v2", "broadcast_recv_v2"):
+  for name in ("all_reduce_v2", "all_gather_v2", "all_to_all_v2", "broadcast_send_v2",
+               "broadcast_recv_v2"):
     setattr(collective_ops, name, _recording(name, getattr(collective_ops, name)))
+  entered = progress._enter  # pylint: disable=protected-access
+
+  def entering(phase, where=""):
+    if phase == progress.Phase.COLLECTIVE and where not in marked:  # The exit barrier too.
+      marked.add(where)
+      print("MARKED " + progress.Collective(where).name, flush=True)
+    return entered(phase, where)
+  progress._enter = entering  # pylint: disable=protected-access
   context.Context.wait_at_barrier = _recording("barrier", context.Context.wait_at_barrier)
   function_class = polymorphic_function.Function
   function_class.__call__ = _recording("compiled function", function_class.__call__)
@@ -91,4 +104,5 @@ if __name__ == "__main__":
   audit()
   (loop if os.environ.get("LOOP") else fit)(tfdist.load_config())
   print("AUDIT " + json.dumps(seen), flush=True)
-  sys.stdout.flush()
+  print("CALLS " + json.dumps(calls), flush=True)
+

@@ -3,7 +3,8 @@ regression on generated data; prints the history and the optimizer's update coun
 With TRAIN_STEP=guide the model is a keras.Model with its own train_step, as Keras's guide
 "Customizing what happens in fit()" writes one (its logs nest the compiled metrics). With
 HANG_MARKER=PATH, that train_step of worker-1's first attempt (no marker yet) blocks for good
-from update 60 on (`wait_forever`: a dequeue from a queue nobody fills)."""
+from update 60 on (`wait_forever`: a dequeue from a queue nobody fills). With PHASE_AUDIT=1,
+`tests/programs/phase_audit.py` records the collectives it runs."""
 
 import json
 import os
@@ -101,4 +102,7 @@ def workers_running_steps(strategy, seconds=60):
 
 
 if __name__ == "__main__":
+  if os.environ.get("PHASE_AUDIT"):  # Prints `MARKED <collective>` as each is entered.
+    from tests.programs import phase_audit
+    phase_audit.audit()
   main()

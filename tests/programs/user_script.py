@@ -5,7 +5,7 @@
 
 Under any config (TFDIST_CONFIG, set by `tfdist launch`); writes OUT_DIR/final.keras,
 OUT_DIR/checkpoints/, OUT_DIR/log.csv, and on the chief OUT_DIR/result.npz (final weights and
-the last loss).
+the last loss). Prints `PLACED TASK WEIGHT DEVICE[,DEVICE...]`: each weight's copies' devices.
 """
 
 import os
@@ -65,6 +65,10 @@ model = history.model
 model.save(os.path.join(OUT, "final.keras"))
 loss = history.history["loss"][-1]
 print(f"task {tfdist.task()} chief {tfdist.is_chief()} final loss {loss:.4f}", flush=True)
+TASK = tfdist.task().name if tfdist.task() else "local"
+for weight in model.weights:  # Where each copy lives: a replicated variable's on each device.
+  copies = getattr(weight.value, "values", None) or (weight.value,)
+  print(f"PLACED {TASK} {weight.path} {','.join(c.device for c in copies)}", flush=True)
 if tfdist.is_chief():
   np.savez(os.path.join(OUT, "result.npz"), loss=loss,
            **{f"w{i}": w for i, w in enumerate(model.get_weights())})

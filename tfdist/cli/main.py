@@ -91,12 +91,25 @@ def run(argv: list[str]) -> int:
       contextlib.nullcontext()
   try:
     _refuse_foreign_flags(argv[1])
+    _record_flags(argv[1], os.environ.get(FLAGS_SEEN))
     task = parse_task_flag(flags.FLAGS.task) if flags.FLAGS.task else None
     with quiet:
       return COMMANDS[argv[1]].run(argv[2:], task=task)
   except (TfdistError, app.UsageError) as e:
     print(f"tfdist {argv[1]}: {e}", file=sys.stderr)
     return USAGE
+
+
+FLAGS_SEEN = "TFDIST_FLAGS_SEEN"
+"""A file each run appends its command and the flags it was given to: how the suite checks
+that every flag reaches a test through this CLI (`tests/conftest.py`)."""
+
+
+def _record_flags(command: str, path: str | None) -> None:
+  if path:
+    given = [name for name in owners() if flags.FLAGS[name].present]
+    with open(path, "a", encoding="utf-8") as seen:
+      seen.write(" ".join([command, *given]) + "\n")
 
 
 def _refuse_foreign_flags(command: str) -> None:

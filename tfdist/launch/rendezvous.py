@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Callable
 
 from tfdist.config.tf_config import split_address
 from tfdist.launch.decisions import Failed, Left, Preempted
@@ -65,11 +66,14 @@ class Host:
     workers: the configured workers' names.
     silence: seconds a member's launcher may go without a poll before it counts as gone.
     name: the task the chief's launcher runs itself.
+    clock: seconds, monotonic: when polls are heard and silence is judged (tests pass their
+      own).
   """
 
   def __init__(self, address: str, workers: tuple[str, ...], silence: float,
-               name: str = "worker-0"):
+               name: str = "worker-0", clock: Callable[[], float] = time.monotonic):
     self.address = address
+    self.clock = clock
     self.workers = workers
     self.silence = silence
     self.name = name
@@ -100,7 +104,7 @@ class Host:
 
   def events(self) -> list:
     """What the other launchers said since the last call, and members gone silent."""
-    now = time.monotonic()
+    now = self.clock()
     with self._lock:
       events, self._inbox = self._inbox, []
       for name, seen in list(self._seen.items()):
@@ -138,9 +142,9 @@ class Host:
         return self._round
       if name in self._round.lost:
         if join:
-          self._joined.setdefault(name, time.monotonic())
+          self._joined.setdefault(name, self.clock())
       else:
-        self._seen[name] = time.monotonic()
+        self._seen[name] = self.clock()
         self._ready[name] = max(self._ready.get(name, -1), ready)
       number = self._round.number
       members = [w for w in self.workers if w not in self._round.lost]
