@@ -76,15 +76,6 @@ def test_a_task_behind_every_collective_its_peer_waits_in_is_named(collective):
       f"(epoch 2, after step 3), while worker-0 waits for it in {collective.value}")
 
 
-def test_every_collective_is_marked_where_tfdist_runs_it():
-  """Each declared collective is marked in tfdist's code (`progress.collective` or
-  `waiting_for_peers`): a declaration nothing uses is a place the watch no longer sees."""
-  source = "\n".join(p.read_text() for p in (REPO / "tfdist").rglob("*.py")
-                     if p.name != "progress.py")
-  for collective in Collective:
-    assert f"Collective.{collective.name}" in source, collective
-
-
 def test_a_task_whose_input_stopped_is_named_not_its_peer_waiting_in_the_same_call():
   watch = HangWatch(Deadlines(hang=10))
   tasks = {"worker-0": _p(Phase.CALL, 12, 11, drawn=12),
