@@ -92,7 +92,7 @@ _AUDITED = {
                       {"PREEMPTION_AGREEMENT", "PERIODIC_AVERAGING", "EXIT_BARRIER"}),
 }
 # Entered by the parameter-server test above (its chief prints them: ps_fit.py, PHASE_AUDIT).
-_PARAMETER_SERVER_MARKS = {"COORDINATOR_JOIN"}
+_PARAMETER_SERVER_MARKS = {"COORDINATOR_JOIN", "KERAS_LOOP"}
 
 
 def test_every_collective_is_entered_by_some_audited_run():

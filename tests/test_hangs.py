@@ -13,7 +13,6 @@ import pytest
 from tfdist import progress
 from tfdist.launch.hangs import Deadlines, HangWatch
 from tfdist.progress import Collective, Phase
-from tests.conftest import REPO
 from tests.launching import MWMS_WITH_BACKUP as MWMS, run_launch as _launch
 from tests.programs import resumable
 

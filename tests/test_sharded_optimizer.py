@@ -13,9 +13,10 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
-from tfdist.training import sharded_optimizer
+from tfdist.training import keras_fixes, sharded_optimizer
 from tests.conftest import REPO
 from tests.launching import ENV
 from tests.programs import custom_loop
@@ -46,15 +47,42 @@ def _fit(optimizer, shard, clip=None, **training):
       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
 
 
+def _plain(optimizer, clip=None, mixed_precision="off", gradient_accumulation_steps=None,
+           strategy=None):
+  """The reference: plain Keras, no tfdist, on one device (or under `strategy`), the same model,
+  data, batch and epochs (Keras's own accumulation, clipping and, under float16, its
+  LossScaleOptimizer)."""
+  x, y = custom_loop.data()
+  if mixed_precision == "float16":
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+  try:
+    with (strategy or tf.distribute.get_strategy()).scope():
+      model = _model()
+      model.compile(optimizer=_made(optimizer, clip, gradient_accumulation_steps),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with keras_fixes.without_fixes():  # Keras's own fit, as without tfdist.
+      model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  finally:
+    keras.mixed_precision.set_dtype_policy("float32")
+  return model
+
+
+def _made(optimizer, clip, gradient_accumulation_steps):
+  made = OPTIMIZERS[optimizer](clip)
+  if gradient_accumulation_steps:
+    made = type(made).from_config({**made.get_config(),
+                                   "gradient_accumulation_steps": gradient_accumulation_steps})
+  return made
+
+
 def _assert_same(a, b):
   for got, want in zip(a, b, strict=True):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs(optimizer,
-                                                                                 capsys):
-  whole, sharded = _fit(optimizer, False), _fit(optimizer, True)
+def test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras(optimizer, capsys):
+  whole, sharded = _plain(optimizer), _fit(optimizer, True)
   slots = {"adam": 2, "sgd_momentum": 1}[optimizer]
   weights = sum(w.size for w in whole.get_weights()) * 4
   saved = slots * weights / 2 / 2**20
@@ -83,17 +111,33 @@ def test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs
     ({}, 0.05),
     ({"mixed_precision": "float16"}, None),
 ], ids=["accumulation", "global_clipnorm", "loss_scaling"])
-def test_sharded_equals_unsharded_with_accumulation_clipping_and_loss_scaling(training, clip,
+def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(training, clip,
                                                                              stage):
-  whole = _fit("adam", False, clip, **training)
+  # Keras clips each replica's gradients before they are summed (tensorflow/tensorflow#33929):
+  # under clipping the reference is plain Keras's own MirroredStrategy, which tfdist keeps.
+  whole = _plain("adam", clip, **training, strategy=tf.distribute.MirroredStrategy(
+      ["/cpu:0", "/cpu:1"]) if clip else None)
   sharded = _fit("adam", True, clip, shard_gradients=stage == 2, **training)
-  _assert_same(sharded.get_weights(), whole.get_weights())
+  # Under float16 each replica's half batch is computed and rounded apart from the whole
+  # (measured: 1.3e-3).
+  atol = 5e-3 if training.get("mixed_precision") == "float16" else 1e-5
+  for got, want in zip(sharded.get_weights(), whole.get_weights(), strict=True):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol)
   assert hasattr(getattr(sharded.optimizer, "inner_optimizer", sharded.optimizer),
                  "tfdist_shards")
 
 
+@pytest.mark.xfail(strict=True, reason="tensorflow/tensorflow#33929: Keras clips each "
+                   "replica's gradients before the all-reduce")
+def test_keras_global_clipnorm_under_mirrored_equals_one_device():
+  """The upstream drift the clipping test's reference keeps: when this passes, Keras clips the
+  summed gradients, and the test above can compare with one device."""
+  mirrored = _plain("adam", 0.05, strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+  _assert_same(mirrored.get_weights(), _plain("adam", 0.05).get_weights())
+
+
 def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_path):
-  whole, sharded = _fit("adam", False), _fit("adam", True)
+  whole, sharded = _plain("adam"), _fit("adam", True)
   sharded.save(tmp_path / "sharded.keras")
   np.savez(tmp_path / "whole.npz", *[np.asarray(v) for v in whole.optimizer.variables])
   program = (  # A plain process: Keras alone, no tfdist imported.
@@ -114,8 +158,8 @@ def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_pa
 @pytest.mark.parametrize("stage", ["1", "2"])
 def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
   """The backup holds the whole optimizer, so a run over 3 replicas resumes a preempted
-  2-replica run's backup, each replica taking its third, and ends with the uninterrupted run's
-  weights (on one process: stage 1's)."""
+  2-replica run's backup, each replica taking its third, and ends with plain Keras's
+  uninterrupted weights on one device."""
   from tests.programs import sharded_resume
 
   def run(logical_cpus, *preempt):
@@ -130,7 +174,7 @@ def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
   resumed = run(3)
   assert resumed.returncode == 0 and "REPLICAS 3" in resumed.stdout, resumed.stderr[-3000:]
   assert "EPOCHS [1]" in resumed.stdout, resumed.stdout[-2000:]  # The second epoch alone.
-  whole = sharded_resume.train(2, 2, str(tmp_path / "uninterrupted")).model
+  whole = sharded_resume.plain(2)
   weights = np.load(tmp_path / "resumed.npz")
   _assert_same([weights[f"arr_{i}"] for i in range(len(weights.files))], whole.get_weights())
 
@@ -215,7 +259,8 @@ def _held(replicas: int, mode: str) -> dict:
   assert done.returncode == 0, done.stderr[-3000:]
   found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
   return {"held": json.loads(found["HELD"]), "slots": int(found["SLOTS"]),
-          "diff": float(found["MAX_DIFF"])}
+          "diff": float(found["MAX_DIFF"]), "weights": int(found["WEIGHTS"]) // 4,
+          "collectives": json.loads(found["COLLECTIVES"])}
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
@@ -246,6 +291,14 @@ def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(r
   assert stage_2["diff"] < 1e-5, stage_2["diff"]
   for device, held in stage_2["held"].items():  # The launchers' ordering tokens: 4 bytes.
     assert stage_1["held"][device] <= held <= stage_1["held"][device] + 4, (stage_1, stage_2)
+  # What TensorFlow traced (its op callbacks): stage 1 all-reduces every gradient and sends
+  # none all-to-all; stage 2 all-to-alls every gradient and all-reduces none of them.
+  parameters = stage_1["weights"]
+  one, two = stage_1["collectives"], stage_2["collectives"]
+  assert one.get("CollectiveReduceV2", 0) >= parameters and \
+      "CollectiveAllToAllV2" not in one, (parameters, one)
+  assert two.get("CollectiveAllToAllV2", 0) >= parameters and \
+      two.get("CollectiveReduceV2", 0) < parameters, (parameters, two)
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -263,7 +316,14 @@ def test_each_stage_across_two_worker_processes_equals_plain_keras(tmp_path, sta
   diffs = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
            if "MAX_DIFF" in line]
   assert len(diffs) == 2 and max(diffs) < 1e-5, done.stdout[-3000:]
-  assert ("gradients reduce-scattered" in done.stdout) == (stage == 2), done.stdout[-3000:]
+  weights = [int(line.rsplit(" ", 1)[1]) // 4 for line in done.stdout.splitlines()
+             if "WEIGHTS" in line]
+  for line in (l for l in done.stdout.splitlines() if "COLLECTIVES" in l):  # Each worker's.
+    traced = json.loads(line.split("COLLECTIVES ", 1)[1])
+    gradients = "CollectiveAllToAllV2" if stage == 2 else "CollectiveReduceV2"
+    assert traced.get(gradients, 0) >= weights[0], (stage, weights, traced)
+    assert traced.get("CollectiveAllToAllV2", 0) == 0 or stage == 2, traced
+    assert traced.get("CollectiveReduceV2", 0) < weights[0] or stage == 1, traced
 
 
 def test_stage_2_without_stage_1_is_refused_in_one_line():

@@ -3,8 +3,10 @@ mirrored over N logical CPUs, and the distance to plain Keras's weights on one d
 
 Prints `HELD {device: bytes}` (every TensorFlow variable alive but the model's weights, counted
 from the garbage collector's objects), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
-(Adam's two moments unsharded: twice the weights) and `MAX_DIFF x` (the largest difference
-from plain Keras).
+(Adam's two moments unsharded: twice the weights), `MAX_DIFF x` (the largest difference
+from plain Keras) and `COLLECTIVES {op type: elements}`: the elements each kind of collective
+op takes in, over every op TensorFlow put in a traced function during the fit
+(`tests.traced`: what ran is seen, not what tfdist says).
 
 Usage: python -m tests.programs.sharded_bytes N off|optimizer|gradients (under `tfdist
 launch`: the launched config's strategy and training)"""
@@ -40,6 +42,7 @@ def plain():
 def main(replicas: str, mode: str) -> None:
   import tfdist
   from tfdist.testing.memory import held_beyond_weights
+  from tests import traced
   from tests.programs import custom_loop
   config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
       "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
@@ -47,11 +50,13 @@ def main(replicas: str, mode: str) -> None:
                    "steps_per_execution": 1, "fused_optimizer": False,
                    "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
   x, y = custom_loop.data()
-  model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
-                     compile=compile_args).model
+  with traced.collectives() as collectives:
+    model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
+                       compile=compile_args).model
   held = held_beyond_weights(model)
   one = sum(w.numpy().nbytes for w in model.weights)
   print("HELD " + json.dumps(held), flush=True)
+  print("COLLECTIVES " + json.dumps(traced.by_type(collectives)), flush=True)
   print(f"WEIGHTS {one}\nSLOTS {2 * one}", flush=True)
   diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), plain(),
                                                           strict=True))

@@ -22,6 +22,25 @@ def config(logical_cpus: int, epochs: int, checkpoint_dir: str) -> dict:
                        "shard_gradients": os.environ.get("STAGE") == "2"}}
 
 
+def model_fn():
+  import keras
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                            keras.layers.Dense(2)])
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+def plain(epochs: int):
+  """The reference: plain Keras on one device, uninterrupted, no tfdist."""
+  from tests.programs import custom_loop
+  x, y = custom_loop.data()
+  model = model_fn()
+  model.fit(x[:192], y[:192], batch_size=96, epochs=epochs, shuffle=False, verbose=0)
+  return model
+
+
 def train(logical_cpus: int, epochs: int, checkpoint_dir: str, preempt: bool = False):
   import os
   import signal
@@ -29,14 +48,6 @@ def train(logical_cpus: int, epochs: int, checkpoint_dir: str, preempt: bool = F
   import keras
   import tfdist
   from tests.programs import custom_loop
-
-  def model_fn():
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(2)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
   preemption = keras.callbacks.LambdaCallback(
       on_epoch_end=lambda epoch, logs: os.kill(os.getpid(), signal.SIGTERM))
