@@ -227,7 +227,7 @@ DECISIONS: dict[str, Decision] = {
     "training.shard_optimizer": Decision(
         "each replica keeps the optimizer's state for 1/N of the weights (ZeRO stage 1)",
         **_SHARDING,
-        checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_the_unsharded_runs",)),
+        checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras",)),
     "training.shard_gradients": Decision(
         "each replica reduces only its shard of the gradients, a reduce-scatter (ZeRO stage 2)",
         **_SHARDING,
@@ -238,7 +238,7 @@ DECISIONS: dict[str, Decision] = {
                     "all-reduce gradients"),
         refused={SPLIT: "a split model's gradients are averaged across workers in their own "
                         "dtype", **_keras()},
-        checked_by=("test_compression.py::test_compressed_all_reduce_follows_the_float32_loss_curve",)),
+        checked_by=("test_compression.py::test_compressed_all_reduce_follows_plain_keras_loss_curve",)),
     "training.average_every": Decision(
         "periodic averaging: each worker steps alone, the weights averaged every N steps",
         needs=Needs("averaging", "needs strategy {supporting}, not {name}: only its workers "

@@ -1,0 +1,32 @@
+"""Plain Keras (no tfdist) under its own MirroredStrategy over 2 logical CPUs, Adam with
+`global_clipnorm`, the sharded-optimizer test's model and data; writes the weights to OUT.npz.
+In a process of its own: a second MirroredStrategy in the test's process shares collective
+instance keys with the strategies made there.
+
+Usage: python -m tests.programs.clipped_mirrored CLIP OUT.npz"""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+def main(clip: str, out: str) -> None:
+  import keras
+  from tests.programs import custom_loop
+  x, y = custom_loop.data()
+  with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=float(clip)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  np.savez(out, *model.get_weights())
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
