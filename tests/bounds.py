@@ -3,6 +3,7 @@ the test's own message is the one seen (issue 58: bounds of 400 s and 420 s unde
 fired). `conftest` sets the running test's limit and makes `subprocess` check each bound; tests'
 own waits call `check`."""
 
+import inspect
 import subprocess
 
 _limit: list[float] = []  # pytest-timeout's seconds for the running test; empty: none.
@@ -23,11 +24,10 @@ def running_test(limit: float | None) -> None:
 
 
 def _checked(method):
+  signature = inspect.signature(method)
+
   def bounded(self, *args, **kwargs):
-    timeout = kwargs.get("timeout", args[-1] if method.__name__ == "wait" and args else None)
-    if method.__name__ == "communicate" and len(args) > 1:
-      timeout = args[1]
-    check(timeout)
+    check(signature.bind(self, *args, **kwargs).arguments.get("timeout"))
     return method(self, *args, **kwargs)
   bounded.__wrapped__ = method
   return bounded

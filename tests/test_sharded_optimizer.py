@@ -85,9 +85,9 @@ def _made(optimizer, clip, gradient_accumulation_steps):
   return made
 
 
-def _assert_same(a, b):
+def _assert_same(a, b, atol=1e-5):
   for got, want in zip(a, b, strict=True):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol)
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
@@ -129,9 +129,8 @@ def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(
   sharded = _fit("adam", True, clip, shard_gradients=stage == 2, **training)
   # Under float16 each replica's half batch is computed and rounded apart from the whole
   # (measured: 1.3e-3).
-  atol = 5e-3 if training.get("mixed_precision") == "float16" else 1e-5
-  for got, wanted in zip(sharded.get_weights(), want, strict=True):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(wanted), atol=atol)
+  _assert_same(sharded.get_weights(), want,
+               atol=5e-3 if training.get("mixed_precision") == "float16" else 1e-5)
   assert hasattr(getattr(sharded.optimizer, "inner_optimizer", sharded.optimizer),
                  "tfdist_shards")
 

@@ -16,12 +16,10 @@ tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU"
 
 def main(clip: str, out: str) -> None:
   import keras
-  from tests.programs import custom_loop
+  from tests.programs import custom_loop, sharded_resume
   x, y = custom_loop.data()
   with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(2)])
+    model = sharded_resume.model_fn()  # The test's model, seeded, recompiled to clip.
     model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=float(clip)),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)

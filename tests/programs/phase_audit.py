@@ -105,4 +105,3 @@ if __name__ == "__main__":
   (loop if os.environ.get("LOOP") else fit)(tfdist.load_config())
   print("AUDIT " + json.dumps(seen), flush=True)
   print("CALLS " + json.dumps(calls), flush=True)
-
