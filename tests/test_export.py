@@ -55,9 +55,11 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
 
 def test_export_slurm_from_the_cli_asks_the_cpus_and_launches_with_backend_slurm():
   result = tfdist_cli("export", "slurm", "configs/multi_worker_mirrored.yaml", "--cpus-per-task",
-                      "4", "--", "python", "t.py")
+                      "4", "--gpus-per-task", "2", "--notice", "60", "--", "python", "t.py")
   assert result.returncode == 0, result.stderr
   assert "#SBATCH --cpus-per-task=4\n" in result.stdout, result.stdout
+  assert "#SBATCH --gpus-per-task=2\n" in result.stdout, result.stdout
+  assert "#SBATCH --signal=TERM@60\n" in result.stdout and "--grace-period 50 " in result.stdout
   assert " launch " in result.stdout and " --backend slurm " in result.stdout, result.stdout
 
 
@@ -358,6 +360,47 @@ def test_grpc_port_is_the_task_servers_port_and_port_its_old_spelling_there():
                          "python", "t.py")
   assert manifests.returncode == 0, manifests.stderr
   assert "containerPort: 2000" in manifests.stdout and "2222" not in manifests.stdout
+  launch = tfdist_cli("launch", "configs/multi_worker_mirrored.yaml", "--dry-run", "--port", "3000",
+                      "--", "python", "t.py")
+  assert (launch.returncode, launch.stderr.splitlines()) == (2, [
+      "tfdist launch: --port is now spelled --grpc-port here; the old spelling goes in the next "
+      "release", "tfdist launch: --grpc-port: a local launch takes free ports, or the ports of "
+      "the cluster's addresses; leave it out (it is for --backend slurm and export). Received: "
+      "3000"])
+
+
+@pytest.mark.parametrize("kind, kinds", [
+    ("jobset", {"ConfigMap", "JobSet"}),
+    ("tfjob", {"ConfigMap", "TFJob"}),
+    ("statefulset", {"ConfigMap", "Service", "StatefulSet"})])
+def test_export_kubernetes_from_the_cli_makes_the_kind_asked_with_its_restarts(kind, kinds):
+  """--max-restarts is the JobSet's; the other kinds refuse it, naming it."""
+  result = tfdist_cli("export", "kubernetes", "configs/multi_worker_mirrored.yaml", "--image",
+                      "img:1", "--volume-claim", "c", "--kind", kind, "--max-restarts", "3", "--", "python", "t.py")
+  if kind != "jobset":
+    assert (result.returncode, result.stderr) == (
+        2, f"tfdist export: --max-restarts: is the JobSet's failurePolicy.maxRestarts; a {kind} "
+        "has none (its pods restart themselves): use --kind jobset, or leave it out. Received: "
+        "3\n")
+    result = tfdist_cli("export", "kubernetes", "configs/multi_worker_mirrored.yaml", "--image",
+                        "img:1", "--volume-claim", "c", "--kind", kind, "--", "python", "t.py")
+  assert result.returncode == 0, result.stderr
+  documents = list(yaml.safe_load_all(result.stdout))
+  assert {d["kind"] for d in documents} == kinds
+  if kind == "jobset":
+    (jobset,) = [d for d in documents if d["kind"] == "JobSet"]
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 3
+
+
+def test_launch_fresh_gives_every_task_the_fresh_start():
+  """`--fresh` reaches each task as TFDIST_FRESH=1 (what `tfdist.fit` reads to start over:
+  tests/test_fit_reporting.py); without it no task has it."""
+  args = ("launch", "configs/multi_worker_mirrored.yaml", "--dry-run")
+  fresh = tfdist_cli(*args, "--fresh", "--", "python", "t.py")
+  plain = tfdist_cli(*args, "--", "python", "t.py")
+  assert fresh.returncode == plain.returncode == 0, fresh.stderr + plain.stderr
+  assert fresh.stdout.count("TFDIST_FRESH=1\n") == 2, fresh.stdout
+  assert "TFDIST_FRESH" not in plain.stdout
 
 
 # -- held ports and --keep-alive ---------------------------------------------------------------

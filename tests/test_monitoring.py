@@ -14,6 +14,7 @@ import urllib.request
 
 import keras
 import numpy as np
+import portpicker
 import psutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -197,8 +198,8 @@ def test_tensorboard_from_the_cli_serves_the_scalars(runs, how, write_config):
     config = write_config(f"tensorboard: {{log_dir: {run.parent}}}\n")
     argv = ["launch", str(config), "--tensorboard", "--logs", str(config.parent / "logs"), "--",
             sys.executable, "-c", "import time; time.sleep(120)"]
-  else:
-    argv = [*how.split(), str(run.parent)]
+  else:  # The port asked for (a free one when not).
+    argv = [*how.split(), str(run.parent), "--port", str(portpicker.pick_unused_port())]
   server = subprocess.Popen([sys.executable, "-m", "tfdist", *argv], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -209,6 +210,7 @@ def test_tensorboard_from_the_cli_serves_the_scalars(runs, how, write_config):
     if how.startswith("launch"):  # Its signals are the launch's once its task started.
       read_until(server, r"local started \(pid", 90, seen)
     port = int(match.group(2))
+    assert how.startswith("launch") or argv[-1] == str(port), seen
     listening = {c.laddr.ip for c in psutil.net_connections("inet")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     assert listening == ({"0.0.0.0"} if "bind-all" in how else {"127.0.0.1"}) or \

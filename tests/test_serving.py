@@ -17,6 +17,7 @@ import urllib.request
 
 import keras
 import numpy as np
+import portpicker
 import pytest
 import tensorflow as tf
 
@@ -333,17 +334,26 @@ def test_a_full_queue_answers_429_with_retry_after(server):
 
 def test_an_exported_saved_model_reloads_equal_and_is_served(tmp_path, saved, model):
   done = subprocess.run([sys.executable, "-m", "tfdist", "model-export", str(saved),
-                         str(tmp_path / "out"), "--max-batch-size", "16"], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=120)
+                         str(tmp_path / "out"), "--max-batch-size", "16", "--max-wait-ms", "7"],
+                        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert "allowed_batch_sizes: 16" in (tmp_path / "out" / "batching_parameters.txt").read_text()
+  batching = (tmp_path / "out" / "batching_parameters.txt").read_text()
+  assert "allowed_batch_sizes: 16" in batching and \
+      "batch_timeout_micros { value: 7000 }" in batching, batching
   loaded = tf.saved_model.load(str(tmp_path / "out" / "1")).signatures["serving_default"]
   assert list(loaded.structured_input_signature[1]) == ["features"]
   outputs = loaded(features=tf.constant(X[:5]))
   np.testing.assert_allclose(next(iter(outputs.values())), model.predict(X[:5], verbose=0),
                              atol=1e-5)
-  process, url = start_server(tmp_path / "out" / "1")
+  # The ports asked for, on the host asked for; a ten-minute batching wait that a lone request
+  # (answered within `call`'s 30 s) does not wait for.
+  http_port, grpc_port = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+  process, url = start_server(tmp_path / "out" / "1", "--host", "127.0.0.1", "--port",
+                              str(http_port), "--grpc-port", str(grpc_port), "--max-wait-ms",
+                              "600000")
   try:
+    assert (url, process.grpc_address) == (f"http://127.0.0.1:{http_port}",
+                                            f"127.0.0.1:{grpc_port}")
     status, _, body = call(f"{url}/v1/models/digits:predict", {"instances": X[:2].tolist()})
     assert status == 200
     predictions = json.loads(body)["predictions"]

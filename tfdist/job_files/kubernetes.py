@@ -104,6 +104,10 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
     raise ConfigError("has one replica, and the training operator gives a one-replica TFJob no "
                       "TF_CONFIG: use --kind statefulset, or more tasks", key="cluster",
                       received=config.cluster.counts(), source=config.source)
+  if max_restarts and kind != "jobset":
+    raise ConfigError(f"is the JobSet's failurePolicy.maxRestarts; a {kind} has none (its pods "
+                      "restart themselves): use --kind jobset, or leave it out",
+                      key="--max-restarts", received=max_restarts)
   storage = storage_mount(config, volume_claim)
   if kind == "jobset":
     return _jobset(config, list(command), name=name, image=image, namespace=namespace,
