@@ -85,7 +85,7 @@ def pytest_sessionfinish(session, exitstatus):
     slurm_run.stop(run)
   if not hasattr(session.config, "workerinput"):
     unseen = flag_coverage.finish()
-    if unseen and exitstatus == 0 and flag_coverage.whole_suite(session.config):
+    if unseen and flag_coverage.whole_suite(session.config):  # Shown after failures too.
       reporter = session.config.pluginmanager.get_plugin("terminalreporter")
       reporter.write_sep("=", f"{len(unseen)} flag(s) no test gave through the CLI", red=True)
       reporter.write_line("  " + ", ".join(unseen))
