@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tfdist import load_config
+from tfdist import ConfigError, load_config
 from tfdist.config import (ClusterConfig, MirroredOptions, MultiWorkerMirroredOptions,
                            TaskConfig, config_to_dict)
 from tests.conftest import CONFIGS, REPO
@@ -127,3 +127,27 @@ def docs_yaml_blocks():
 def test_every_docs_config_loads_exactly_as_written(block, write_config):
   config = load_config(write_config(block.code), environ={})
   assert load_config(config_to_dict(config), environ={}) == config
+
+
+def test_a_launched_script_loading_its_file_by_path_gets_the_launchers_current_members(
+    tmp_path, capsys):
+  """After a shrink the launcher points TFDIST_CONFIG at a copy with the members left and names
+  the user's file in TFDIST_MEMBERS_OF: `load_config(that file)` reads the copy, saying so
+  once; a file of its own, or no such variable, is read as it is."""
+  user = tmp_path / "cfg.yaml"
+  user.write_text("cluster: {worker: 3}\nstrategy: multi_worker_mirrored\n")
+  members = tmp_path / "members.yaml"
+  members.write_text(f"cluster: {{worker: {json.dumps(WORKERS)}}}\n"
+                     "strategy: multi_worker_mirrored\n")
+  environ = {"TF_CONFIG": tf_config({"worker": WORKERS}, "worker", 1),
+             "TFDIST_CONFIG": str(members), "TFDIST_MEMBERS_OF": str(user)}
+  for _ in range(2):
+    config = load_config(str(tmp_path / "." / "cfg.yaml"), environ=environ)
+    assert config.cluster.addresses == {"worker": tuple(WORKERS)}
+    assert config.task == TaskConfig("worker", 1)
+  assert capsys.readouterr().err == (f"tfdist: {user} read as the launcher's current members: "
+                                     f"{members} (workers were lost; tfdist launch "
+                                     "--min-workers)\n")
+  without = {k: v for k, v in environ.items() if k != "TFDIST_MEMBERS_OF"}
+  with pytest.raises(ConfigError, match=r"must have the job sizes of .*cfg.yaml \(\{'worker': 3"):
+    load_config(str(user), environ=without)

@@ -27,7 +27,7 @@ def _launch(tmp_path, *flags, loop=False, board=False, gone_at=2):
   (tmp_path / "config.yaml").write_text(CONFIG.format(dir=tmp_path / "checkpoints") + (
       BOARD.format(board=tmp_path / "board") if board else ""))
   env = {"GONE": "worker-2", "MARKER": str(tmp_path / "gone"), "GONE_AT": str(gone_at),
-         **({"LOOP": "1"} if loop else {})}
+         **({"LOOP": "1"} if loop else {"CONFIG": str(tmp_path / "config.yaml")})}
   return start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
                       "--grace-period", "5", *flags, "--", sys.executable,
                       str(PROGRAMS / "elastic.py"), env=env)
@@ -50,6 +50,10 @@ def test_a_worker_gone_for_good_leaves_two_that_finish_with_one_devices_weights(
   assert ("worker-2 failed with no restarts left: going on without it, 2 worker(s) "
           "(--min-workers 2)") in output
   assert "the plan again: worker-0, worker-1 (without worker-2)" in output
+  if not loop:  # The script loads its own file by path: the members reach it there too.
+    log = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert log.count(f"tfdist: {tmp_path / 'config.yaml'} read as the launcher's current "
+                     "members: ") == 1, log[-3000:]
   result = next(line for line in output.splitlines() if "RESULT " in line)
   got = json.loads(result.split("RESULT ", 1)[1])
   for g, w in zip(got, elastic.train_plain(), strict=True):

@@ -6,7 +6,8 @@ weights>`, every task `EPOCH_BEGIN e`.
 With GONE=worker-N and MARKER=PATH, that worker fails with exit code 1 as epoch GONE_AT
 (0-based, default 2) begins, leaving PATH; started again (PATH there), it prints "its host's data is gone" and
 exits 1 right after `import tfdist`: gone for good. With ONCE=1 it fails the first time only.
-PAUSE=S sleeps S seconds as each epoch begins (time for a launcher to come back).
+PAUSE=S sleeps S seconds as each epoch begins (time for a launcher to come back). CONFIG=PATH
+loads that config file by path, as a user's script does.
 
     python elastic.py
 """
@@ -105,7 +106,8 @@ if __name__ == "__main__":
   if _gone_for_good():
     print("its host's data is gone", file=sys.stderr, flush=True)
     sys.exit(1)
-  config = tfdist.load_config()
+  # As the fit how-to shows: the config by path (CONFIG) when given, else the launch's.
+  config = tfdist.load_config(os.environ.get("CONFIG"))
   weights = (train_loop if os.environ.get("LOOP") else train_fit)(config)
   task = tfdist.task()
   if task is None or task.index == 0:

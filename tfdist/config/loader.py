@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 import types
 import typing
@@ -36,6 +37,11 @@ FRESH_ENV = "TFDIST_FRESH"
 resuming from its backup."""
 RUN_ENV = "TFDIST_RUN"
 """Names the run (`tensorboard.log_dir/<run>`); the launcher gives its log directory's name."""
+MEMBERS_OF_ENV = "TFDIST_MEMBERS_OF"
+"""Set by the launcher once workers are lost (`--min-workers`): the user's config file that
+`TFDIST_CONFIG`, a copy of it with the cluster's current members, was made from. A launched
+script's `load_config` of that file reads the copy (said once on stderr), so a script that loads
+its config by path keeps working after a shrink."""
 PREPARE_ENV = "TFDIST_PREPARE"
 """Set to 1 by the launcher in the processes that run the user's command: importing tfdist there
 makes the strategy at once (`tfdist.strategy.startup`)."""
@@ -80,6 +86,9 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *,
   environ = os.environ if environ is None else environ
   if source is None and environ.get(CONFIG_ENV):
     source = environ[CONFIG_ENV]
+  elif _is_members_origin(source, environ):
+    source = environ[CONFIG_ENV]
+    _say_members_once(environ[MEMBERS_OF_ENV], source)
   name, document = _read(source)
   try:
     config = _parse(document, name)
@@ -98,6 +107,27 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *,
   rules.check(config)
   return config
 
+
+
+def _is_members_origin(source, environ: Mapping[str, str]) -> bool:
+  """Whether `source` is the file the launcher's members copy (`MEMBERS_OF_ENV`) came from."""
+  origin = environ.get(MEMBERS_OF_ENV)
+  if not origin or not environ.get(CONFIG_ENV) or not isinstance(source, (str, os.PathLike)):
+    return False
+  try:
+    return os.path.samefile(source, origin)
+  except OSError:  # Either is missing: `_read` names a missing `source` itself.
+    return False
+
+
+_SAID_MEMBERS = set()
+
+
+def _say_members_once(origin: str, members: str) -> None:
+  if members not in _SAID_MEMBERS:
+    _SAID_MEMBERS.add(members)
+    print(f"tfdist: {origin} read as the launcher's current members: {members} (workers were "
+          "lost; tfdist launch --min-workers)", file=sys.stderr, flush=True)
 
 
 ConfigLike = Config | str | os.PathLike | Mapping | None

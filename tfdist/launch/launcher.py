@@ -207,7 +207,8 @@ def _launch(config_path, command, options, environ, plan_only: bool):
       return plan.plan_launch(config, members_path, command, log_dir=log_dir,
                               task=plan.renumbered(found.task, workers, lost),
                               ports=held[0].ports if held else (), fresh=fresh,
-                              gpus=host_gpus, local_task=found.local_task)
+                              gpus=host_gpus, local_task=found.local_task,
+                              members_of=config_path if members_path != config_path else None)
 
     # Plans (and so checks) before anything starts. Only the first start is fresh: a restart
     # resumes from the backup this run wrote.

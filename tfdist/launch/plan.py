@@ -15,7 +15,8 @@ import sys
 from typing import Sequence
 
 from tfdist.config import strategies
-from tfdist.config.loader import CONFIG_ENV, FRESH_ENV, PREPARE_ENV, RUN_ENV
+from tfdist.config.loader import (CONFIG_ENV, FRESH_ENV, MEMBERS_OF_ENV, PREPARE_ENV,
+                                  RUN_ENV)
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
@@ -131,7 +132,8 @@ def renumbered(task: TaskConfig | None, workers: Sequence[str],
 def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log_dir: str,
                 ports: Sequence[int] = (), task: TaskConfig | None = None,
                 python: str = sys.executable, fresh: bool = False, gpus: Sequence[str] = (),
-                local_task: tuple[int, int] | None = None) -> LaunchPlan:
+                local_task: tuple[int, int] | None = None,
+                members_of: str | None = None) -> LaunchPlan:
   """Plans the processes of `config`'s cluster on this host.
 
   Args:
@@ -148,6 +150,8 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
       (`launch.gpus.share_gpus`) as `CUDA_VISIBLE_DEVICES`.
     local_task: with `task`, its (index, count) among the GPU tasks of this host (Slurm's
       local id); default (0, 1): the host's GPUs are all its own.
+    members_of: the user's config file when `config_path` is the launcher's copy of it with
+      the current members (`MEMBERS_OF_ENV`: a script's `load_config` of it reads the copy).
 
   Raises:
     ConfigError: there is no command, a local cluster without ports, or `task` on a cluster
@@ -156,6 +160,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   cluster = config.cluster
   require_command(command, "tfdist launch")
   config_path, log_dir = os.path.abspath(config_path), os.path.abspath(log_dir)
+  members = ((MEMBERS_OF_ENV, os.path.abspath(members_of)),) if members_of else ()
   if cluster.is_empty:  # One process on this machine: the same command for every config.
     env = ((CONFIG_ENV, config_path), (HEARTBEAT_ENV, heartbeat_path(log_dir, "local"))) + \
         _user_command_env(fresh, log_dir) + \
@@ -174,7 +179,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     serves = runs_server(config, t.type)
     argv = ((python, "-m", "tfdist", "cluster-server", config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
-    env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path),
+    env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path), *members,
            (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
     env += shares[t].env(gpus, config.devices.gpu_memory)
     if not serves:
