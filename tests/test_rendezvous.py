@@ -117,3 +117,41 @@ def test_a_request_from_no_members_launcher_changes_nothing(host, clock):
   assert refused.value.code == 400
   clock.now += 60  # Past the silence: no one it heard from is a member.
   assert host.events() == [] and host.joined() == {} and host.round == Round(0)
+
+
+def test_a_host_lost_without_a_word_after_a_new_round_is_left_not_waited_on(host, clock):
+  """Killed -9 with its task: it never polls after the round that restarts the cluster, so it
+  never says it stopped its task; silence from the round's publish names it (issue 59)."""
+  one, two = Client(host.address, "worker-1"), Client(host.address, "worker-2")
+  one.poll(), two.poll()
+  host.publish(())  # Restarting the whole cluster; worker-2's host is gone from here on.
+  clock.now += 5
+  one.poll(ready=1)
+  assert host.events() == [] and not host.ready(timeout=0)
+  clock.now += 6
+  assert host.events() == [Left(("worker-2",), "its launcher went silent (11 s without a poll: "
+                                               "its host is lost)")]
+  host.publish(("worker-2",))
+  one.poll(ready=2)
+  assert host.ready(timeout=0)  # The round without it opens at once.
+
+
+def test_a_launchers_heartbeat_keeps_it_heard_and_stops_when_it_leaves(host, clock):
+  """`keep_alive` beats from a thread of its own (the launcher may be stopping its task); a
+  beat in flight as it leaves is no sign of life."""
+  import time
+  one = Client(host.address, "worker-1")
+  one.keep_alive(every=0.05)
+  deadline = time.monotonic() + 30
+  while "worker-1" not in host._seen and time.monotonic() < deadline:
+    time.sleep(0.05)
+  for _ in range(3):
+    clock.now += 9
+    heard = host._seen["worker-1"]
+    while host._seen["worker-1"] == heard and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert host.events() == []
+  one.leave(done=True)
+  time.sleep(0.2)  # Beats that were in flight land.
+  clock.now += 100
+  assert host.events() == [] and "worker-1" not in host._seen

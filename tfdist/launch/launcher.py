@@ -281,13 +281,14 @@ def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
   if is_chief(dataclasses.replace(config, task=task)):
-    try:  # A follower's launcher is silent while it stops its task: the grace period too.
-      return rendezvous.Host(address, workers, options.heartbeat_timeout + options.grace_period,
-                             name=task.name)
+    try:
+      return rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name)
     except OSError as e:
       raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
                         key="--rendezvous-port", received=options.rendezvous_port) from None
-  return rendezvous.Client(address, task.name)
+  client = rendezvous.Client(address, task.name)
+  client.keep_alive()
+  return client
 
 
 def _check_elastic(options: LaunchOptions, config, task, runner, backend: str) -> None:

@@ -34,6 +34,13 @@ from tfdist.config.tf_config import split_address
 from tfdist.launch.decisions import Failed, Left, Preempted
 
 _TIMEOUT = 2.0  # Seconds a request to the chief's launcher may take.
+HEARTBEAT_EVERY_S = 1.0
+"""Seconds between a member launcher's heartbeats (`Client.keep_alive`): a thread of its own,
+so they go on while the launcher stops or starts its tasks."""
+SILENCE_S = 10.0
+"""Seconds without a heartbeat after which the chief's launcher counts a member's host as lost:
+ten missed beats, and no task's grace period in it (a launcher's beats go on while its task
+stops)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,7 @@ class Host:
     self._ready: dict[str, int] = {}  # The newest round each launcher stopped its tasks for.
     self._inbox: list = []  # Failed, Preempted and Left events, in arrival order.
     self._seen: dict[str, float] = {}
+    self._quiet: set[str] = set()  # Members whose launcher said it left or is done.
     self._joined: dict[str, float] = {}  # Lost workers whose launcher is back: when.
     host, port = split_address(address)
     self._server = http.server.ThreadingHTTPServer((host, port), _handler(self))
@@ -99,7 +107,11 @@ class Host:
     with self._lock:
       self._round = Round(self._round.number + 1, tuple(lost), ended, open=False)
       self._joined = {n: t for n, t in self._joined.items() if n in lost}
-      self._seen = {}  # Silence is counted afresh: every launcher restarts its task.
+      # Silence is counted from here for every member, heard since or not: a host lost
+      # without a word is never waited on (it would never say it stopped its task).
+      now = self.clock()
+      self._seen = {m: now for m in self.workers
+                    if m not in lost and m != self.name and m not in self._quiet}
       return self._round
 
   def events(self) -> list:
@@ -140,10 +152,12 @@ class Host:
     with self._lock:
       if name not in self.workers and name != self.name:  # Not a member's launcher: read only.
         return self._round
+      if join:
+        self._quiet.discard(name)  # Back after it left.
       if name in self._round.lost:
         if join:
           self._joined.setdefault(name, self.clock())
-      else:
+      elif name not in self._quiet:  # A heartbeat in flight as it left is no sign of life.
         self._seen[name] = self.clock()
         self._ready[name] = max(self._ready.get(name, -1), ready)
       number = self._round.number
@@ -162,9 +176,11 @@ class Host:
         return  # Not a worker's launcher.
       if body["what"] == "done":
         self._seen.pop(name, None)
+        self._quiet.add(name)
       elif body["what"] == "left":
         self._inbox.append(Left((name,), "its launcher was stopped"))
         self._seen.pop(name, None)
+        self._quiet.add(name)
       elif body["what"] == "preempted":
         self._inbox.append(Preempted(name))
       else:
@@ -217,6 +233,18 @@ class Client:
   def __init__(self, address: str, name: str):
     self.address = address
     self.name = name
+    self._beating = threading.Event()
+
+  def keep_alive(self, every: float = HEARTBEAT_EVERY_S) -> None:
+    """Polls every `every` seconds from a thread of its own until `leave`: the chief's
+    launcher hears this host while its launcher is busy stopping or starting its tasks."""
+    self._beating.set()
+
+    def beat():
+      while self._beating.is_set():
+        self._get(join=False, ready=-1)
+        time.sleep(every)
+    threading.Thread(target=beat, name="tfdist-rendezvous-heartbeat", daemon=True).start()
 
   def join(self) -> Round | None:
     """Says this launcher is here (and has no task running); the current round, or None if
@@ -237,6 +265,7 @@ class Client:
   def leave(self, done: bool = False) -> None:
     """This launcher is stopping (a signal): the others go on without it; `done`: its task
     finished training (its silence is no loss)."""
+    self._beating.clear()
     self._post({"what": "done" if done else "left", "name": self.name})
 
   def _get(self, join: bool, ready: int) -> Round | None:

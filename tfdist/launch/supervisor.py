@@ -260,9 +260,8 @@ class Supervisor:
           opened = self._wait_open()
           if isinstance(opened, End):
             return self._ended(opened)
-        elif self._hosts and not self.rendezvous.ready(self.rendezvous.silence):
-          self.say(f"round {self._round}: not every launcher stopped its task in "
-                   f"{self.rendezvous.silence:g} s; starting")
+        elif self._hosts and isinstance(opened := self._open_round(), End):
+          return self._ended(opened)
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)
@@ -464,6 +463,29 @@ class Supervisor:
       elif found is not None and found.open:
         return None
       time.sleep(0.2)
+
+  def _open_round(self) -> End | None:
+    """The chief's launcher stopped its tasks: it waits until every member's launcher stopped
+    its own (the round opens). A member silent meanwhile (its host lost) is decided on at once
+    and the round published again without it, never waited on; one alive that does not stop
+    its task is waited on for the grace period and the heartbeat timeout, then started."""
+    patience = self.grace_period + self.heartbeat_timeout
+    deadline = time.monotonic() + patience
+    while not self.rendezvous.ready(_POLL_EVERY):
+      for event in self.rendezvous.events():
+        action = decisions.decide(self._failed(event) if isinstance(event, Failed) else event,
+                                  self._budget())
+        self._announce(event, action)
+        if isinstance(action, End):
+          return action
+        self.restarts_left = action.restarts_left
+        self._lost = self._lost_after(action)
+        self._round = self.rendezvous.publish(self._lost).number
+      if time.monotonic() > deadline:
+        self.say(f"round {self._round}: not every launcher stopped its task in {patience:g} s; "
+                 "starting")
+        return None
+    return None
 
   def _await_round(self, report: Report):
     """A following launcher reported its task's end; the chief's next round (or end)."""
