@@ -113,7 +113,8 @@ def test_per_host_launches_go_on_without_a_host_killed_9_and_take_it_back_in(tmp
                         str(tmp_path / f"logs-{index}{attempt}"), "--min-workers", "2",
                         "--rendezvous-port", str(rendezvous), "--max-restarts", "3",
                         "--grace-period", "15", "--", sys.executable,
-                        str(PROGRAMS / "elastic.py"), env={"PAUSE": "3"})
+                        str(PROGRAMS / "elastic.py"),
+                        env={"PAUSE": "3", "TFDIST_RENDEZVOUS_SECRET": "s3cret"})
   # Restarts: its peers' collective fails first (the whole cluster restarts), its silence
   # drops it (one more), and it is taken back in (a third).
   launchers = [host(i) for i in range(3)]
@@ -150,6 +151,33 @@ def test_per_host_launches_go_on_without_a_host_killed_9_and_take_it_back_in(tmp
   got = json.loads(result.split("RESULT ", 1)[1])
   for g, w in zip(got, elastic.train_plain(), strict=True):
     np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_a_launcher_without_the_jobs_secret_is_refused_in_one_line_before_any_task(tmp_path):
+  """The chief's rendezvous (here in the test's process) holds the job's secret; a host's
+  launcher started without it ends with exit code 2 in one line naming it, having started
+  nothing."""
+  from tfdist.launch.rendezvous import Host
+  held = HeldPorts(3)
+  *ports, port = held.ports
+  held.close()
+  path = tmp_path / "config.yaml"
+  path.write_text("cluster: {worker: [" + ", ".join(f'"127.0.0.1:{p}"' for p in ports) +
+                  "]}\nstrategy: multi_worker_mirrored\n")
+  host = Host(f"127.0.0.1:{port}", ("worker-0", "worker-1"), silence=10.0, secret="s3cret")
+  try:
+    launcher = start_launch(str(path), "--task", "worker:1", "--logs", str(tmp_path / "logs"),
+                            "--min-workers", "1", "--rendezvous-port", str(port), "--",
+                            sys.executable, "-c", "raise SystemExit(9)")
+    output = finish(launcher, 60, [])
+  finally:
+    host.close()
+  assert launcher.returncode == 2, output
+  assert output.strip().splitlines()[-1] == (
+      f"tfdist launch: TFDIST_RENDEZVOUS_SECRET: the chief's launcher at 127.0.0.1:{port} "
+      "refused this launcher: TFDIST_RENDEZVOUS_SECRET must be the same on every host of the "
+      "job. Received: 'unset'"), output
+  assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*.log"))
 
 
 def test_a_slurm_launch_refuses_min_workers_saying_what_slurm_does(write_config):

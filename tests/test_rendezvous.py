@@ -155,3 +155,40 @@ def test_a_launchers_heartbeat_keeps_it_heard_and_stops_when_it_leaves(host, clo
   time.sleep(0.2)  # Beats that were in flight land.
   clock.now += 100
   assert host.events() == [] and "worker-1" not in host._seen
+
+
+def test_with_a_secret_a_request_without_it_is_refused_and_changes_nothing(clock):
+  """Any process reaching the port could post as worker-2 and shrink or stop the job: with the
+  job's secret (TFDIST_RENDEZVOUS_SECRET on every host) only its launchers are heard."""
+  import json
+  import urllib.error
+  import urllib.request
+  from tfdist.errors import ConfigError
+  (port,) = free_ports(1)
+  host = Host(f"127.0.0.1:{port}", WORKERS, silence=10.0, clock=clock, secret="s3cret")
+  try:
+    member = Client(host.address, "worker-2", secret="s3cret")
+    assert member.poll() == Round(0)
+    for stranger in (Client(host.address, "worker-1"),
+                     Client(host.address, "worker-1", secret="guess")):
+      with pytest.raises(ConfigError, match=r"^TFDIST_RENDEZVOUS_SECRET: the chief's launcher "
+                                            r"at .* refused this launcher: TFDIST_RENDEZVOUS_"
+                                            r"SECRET must be the same on every host of the job"):
+        stranger.join()
+      with pytest.raises(ConfigError):
+        stranger.leave()
+      with pytest.raises(ConfigError):
+        stranger.report(Failed("worker-1", 1, "failed"), 0)
+    request = urllib.request.Request(f"http://{host.address}/said", json.dumps(
+        {"what": "left", "name": "worker-2"}).encode(), {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+      urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    assert json.loads(refused.value.read())["error"].startswith(
+        "the X-Tfdist-Rendezvous-Secret header must be this job's secret")
+    assert host.events() == [] and "worker-1" not in host._seen
+    clock.now += 11  # Only the member was heard: its silence alone counts.
+    assert host.events() == [Left(("worker-2",), "its launcher went silent (11 s without a "
+                                                 "poll: its host is lost)")]
+  finally:
+    host.close()

@@ -281,12 +281,18 @@ def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
   if is_chief(dataclasses.replace(config, task=task)):
+    secret = os.environ.get(rendezvous.SECRET_ENV) or None
+    if secret is None:
+      print(f"tfdist launch: the rendezvous at {address} hears any caller that reaches its "
+            f"port (set {rendezvous.SECRET_ENV} on every host to refuse the others)",
+            file=sys.stderr, flush=True)
     try:
-      return rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name)
+      return rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
+                             secret=secret)
     except OSError as e:
       raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
                         key="--rendezvous-port", received=options.rendezvous_port) from None
-  client = rendezvous.Client(address, task.name)
+  client = rendezvous.Client(address, task.name, os.environ.get(rendezvous.SECRET_ENV) or None)
   client.keep_alive()
   return client
 

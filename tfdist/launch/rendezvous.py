@@ -21,6 +21,7 @@ host.close()
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import http.server
 import json
 import threading
@@ -31,12 +32,18 @@ import urllib.request
 from typing import Callable
 
 from tfdist.config.tf_config import split_address
+from tfdist.errors import ConfigError
 from tfdist.launch.decisions import Failed, Left, Preempted
 
 _TIMEOUT = 2.0  # Seconds a request to the chief's launcher may take.
 HEARTBEAT_EVERY_S = 1.0
 """Seconds between a member launcher's heartbeats (`Client.keep_alive`): a thread of its own,
 so they go on while the launcher stops or starts its tasks."""
+SECRET_ENV = "TFDIST_RENDEZVOUS_SECRET"
+"""The per-run secret every launcher of a job shares (set on every host, as Ray's and Dask's
+cluster tokens are): each request carries it, and the chief's launcher refuses one without it,
+changing nothing. Unset, the rendezvous hears any caller that reaches its port."""
+_SECRET_HEADER = "X-Tfdist-Rendezvous-Secret"
 SILENCE_S = 10.0
 """Seconds without a heartbeat after which the chief's launcher counts a member's host as lost:
 ten missed beats, and no task's grace period in it (a launcher's beats go on while its task
@@ -75,11 +82,15 @@ class Host:
     name: the task the chief's launcher runs itself.
     clock: seconds, monotonic: when polls are heard and silence is judged (tests pass their
       own).
+    secret: the job's shared secret (`SECRET_ENV`): a request without it is answered 401 and
+      changes nothing; None hears every caller.
   """
 
   def __init__(self, address: str, workers: tuple[str, ...], silence: float,
-               name: str = "worker-0", clock: Callable[[], float] = time.monotonic):
+               name: str = "worker-0", clock: Callable[[], float] = time.monotonic,
+               secret: str | None = None):
     self.address = address
+    self.secret = secret
     self.clock = clock
     self.workers = workers
     self.silence = silence
@@ -189,7 +200,18 @@ class Host:
 
 def _handler(host: Host):
   class Handler(http.server.BaseHTTPRequestHandler):
+    def _refused(self) -> bool:
+      """Answers 401 to a request without the job's secret (when it has one)."""
+      given = self.headers.get(_SECRET_HEADER, "")
+      if host.secret is None or hmac.compare_digest(given.encode(), host.secret.encode()):
+        return False
+      self._answer({"error": f"the {_SECRET_HEADER} header must be this job's secret "
+                             f"({SECRET_ENV}); the request changed nothing"}, 401)
+      return True
+
     def do_GET(self):  # pylint: disable=invalid-name
+      if self._refused():
+        return
       query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
       name = query.get("name", [""])[0]
       try:
@@ -199,6 +221,8 @@ def _handler(host: Host):
       self._answer(host._poll(name, join=query.get("join") == ["1"], ready=ready).to_json())
 
     def do_POST(self):  # pylint: disable=invalid-name
+      if self._refused():
+        return
       try:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         what = body["what"]
@@ -228,11 +252,13 @@ class Client:
   Args:
     address: the chief's launcher's host:port.
     name: this launcher's task, as the config names it ("worker-2").
+    secret: the job's shared secret (`SECRET_ENV`), sent with every request.
   """
 
-  def __init__(self, address: str, name: str):
+  def __init__(self, address: str, name: str, secret: str | None = None):
     self.address = address
     self.name = name
+    self._headers = {_SECRET_HEADER: secret} if secret else {}
     self._beating = threading.Event()
 
   def keep_alive(self, every: float = HEARTBEAT_EVERY_S) -> None:
@@ -242,7 +268,10 @@ class Client:
 
     def beat():
       while self._beating.is_set():
-        self._get(join=False, ready=-1)
+        try:
+          self._get(join=False, ready=-1)
+        except ConfigError:
+          return  # Refused: the launcher's own join or poll says so.
         time.sleep(every)
     threading.Thread(target=beat, name="tfdist-rendezvous-heartbeat", daemon=True).start()
 
@@ -271,17 +300,30 @@ class Client:
   def _get(self, join: bool, ready: int) -> Round | None:
     query = urllib.parse.urlencode({"name": self.name, "ready": ready,
                                     **({"join": "1"} if join else {})})
+    request = urllib.request.Request(f"http://{self.address}/round?{query}",
+                                     headers=self._headers)
     try:
-      with urllib.request.urlopen(f"http://{self.address}/round?{query}",
-                                  timeout=_TIMEOUT) as answer:
+      with urllib.request.urlopen(request, timeout=_TIMEOUT) as answer:
         return Round.from_json(json.load(answer))
+    except urllib.error.HTTPError as e:
+      self._refusal(e)
+      return None
     except (OSError, ValueError, KeyError):
       return None
 
   def _post(self, body: dict) -> None:
     request = urllib.request.Request(f"http://{self.address}/said", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+                                     {"Content-Type": "application/json", **self._headers})
     try:
       urllib.request.urlopen(request, timeout=_TIMEOUT).close()
+    except urllib.error.HTTPError as e:
+      self._refusal(e)
     except OSError:
       pass  # The chief's launcher is gone: the next poll says so.
+
+  def _refusal(self, error: urllib.error.HTTPError) -> None:
+    """Raises ConfigError naming the secret when the chief's launcher refused this one's."""
+    if error.code == 401:
+      raise ConfigError(f"the chief's launcher at {self.address} refused this launcher: "
+                        f"{SECRET_ENV} must be the same on every host of the job",
+                        key=SECRET_ENV, received="set" if self._headers else "unset")
