@@ -229,7 +229,7 @@ def _launch(config_path, command, options, environ, plan_only: bool):
                                          "launcher"))
       stack.callback(events.close)
     plans = iter([first])
-    rendezvous = _rendezvous(options, full, found.task, workers)
+    rendezvous = _rendezvous(options, full, found.task, workers, environ)
     if rendezvous is not None:
       stack.callback(getattr(rendezvous, "close", lambda: None))
     outcome = supervisor.Supervisor(
@@ -269,7 +269,8 @@ def _members_config(members, config_path: str, log_dir: str, lost) -> str:
   return path
 
 
-def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
+def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...],
+                environ: Mapping[str, str]):
   """The chief's launcher's `rendezvous.Host` of the configured `workers`, another host's
   `rendezvous.Client`, or None."""
   from tfdist.config.roles import is_chief
@@ -280,8 +281,8 @@ def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
   chief = "chief" if config.cluster.chief else "worker"
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
+  secret = environ.get(rendezvous.SECRET_ENV) or None
   if is_chief(dataclasses.replace(config, task=task)):
-    secret = os.environ.get(rendezvous.SECRET_ENV) or None
     if secret is None:
       print(f"tfdist launch: the rendezvous at {address} hears any caller that reaches its "
             f"port (set {rendezvous.SECRET_ENV} on every host to refuse the others)",
@@ -292,7 +293,7 @@ def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...]):
     except OSError as e:
       raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
                         key="--rendezvous-port", received=options.rendezvous_port) from None
-  client = rendezvous.Client(address, task.name, os.environ.get(rendezvous.SECRET_ENV) or None)
+  client = rendezvous.Client(address, task.name, secret)
   client.keep_alive()
   return client
 

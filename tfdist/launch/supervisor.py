@@ -341,10 +341,7 @@ class Supervisor:
       if event is None:
         time.sleep(0.1)
         continue
-      action = decisions.decide(event, self._budget())
-      if not isinstance(action, End):
-        self.restarts_left = action.restarts_left
-      self._announce(event, action)
+      action = self._decide(event)
       if isinstance(action, RestartTask):
         self._restart_alone(action.task, watch)
         continue
@@ -353,6 +350,15 @@ class Supervisor:
       if self._hosts and not isinstance(action, End):  # Every launcher starts the new round.
         self._round = self.rendezvous.publish(self._lost_after(action)).number
       return action
+
+  def _decide(self, event) -> decisions.Action:
+    """The chief's (or a lone) launcher's decision on `event`, its restarts counted and the
+    decision said."""
+    action = decisions.decide(event, self._budget())
+    if not isinstance(action, End):
+      self.restarts_left = action.restarts_left
+    self._announce(event, action)
+    return action
 
   # -- detectors: each returns an event, or None ----------------------------------------------
 
@@ -473,12 +479,9 @@ class Supervisor:
     deadline = time.monotonic() + patience
     while not self.rendezvous.ready(_POLL_EVERY):
       for event in self.rendezvous.events():
-        action = decisions.decide(self._failed(event) if isinstance(event, Failed) else event,
-                                  self._budget())
-        self._announce(event, action)
+        action = self._decide(self._failed(event) if isinstance(event, Failed) else event)
         if isinstance(action, End):
           return action
-        self.restarts_left = action.restarts_left
         self._lost = self._lost_after(action)
         self._round = self.rendezvous.publish(self._lost).number
       if time.monotonic() > deadline:
