@@ -5,6 +5,7 @@ chief's files remain in the checkpoint directory."""
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 import time
 
@@ -57,31 +58,51 @@ def uninterrupted_weights():
   return [np.asarray(w) for w in resumable.train_plain().get_weights()]
 
 
-@pytest.mark.parametrize("training", ["", "training: {shard_optimizer: true}\n"],
-                         ids=["whole", "sharded"])
-def test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights(
-    tmp_path, uninterrupted_weights, training):
-  """Sharded (issue 34): each worker's backup holds the whole optimizer, gathered from the
-  shards, and the resumed run still ends with plain Keras's uninterrupted weights."""
+# (config lines, where the first attempt is killed, (epoch, step) the restart resumes at).
+_KILLS = {
+    # At an epoch's end: the epoch's backup (8 steps an epoch, fewer than the default interval).
+    "whole": ("", {"PAUSE_AFTER_EPOCH": str(KILLED_AFTER_EPOCH)}, (KILLED_AFTER_EPOCH, 0)),
+    # Mid-epoch, sharded (issue 34: each backup holds the whole optimizer, gathered from the
+    # shards): the step backup of step 3 (every 3 steps, issue 59), killed after step 5.
+    "sharded": ("training: {shard_optimizer: true}\ncheckpoint: {backup_every_steps: 3}\n",
+                {"PAUSE_AT": "2:5"}, (2, 3)),
+}
+
+
+@pytest.mark.parametrize("kill_at", list(_KILLS))
+def test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weights(
+    tmp_path, uninterrupted_weights, kill_at):
+  """Every task killed -9 (a power loss): the restart resumes at the newest backup, an epoch's
+  or (mid-epoch) a step backup, redoing at most `backup_every_steps` steps, and ends with
+  plain Keras's uninterrupted weights."""
+  lines, pause, (epoch, step) = _KILLS[kill_at]
+  training = "shard_optimizer" in lines
   checkpoints = tmp_path / "checkpoints"
   config = tmp_path / "mwms.yaml"
+  every = ", backup_every_steps: 3" if "backup_every_steps" in lines else ""
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
-                    f"checkpoint: {{dir: {checkpoints}}}\n{training}")
+                    f"checkpoint: {{dir: {checkpoints}{every}}}\n" +
+                    ("training: {shard_optimizer: true}\n" if training else ""))
   tmp = tmp_path / "tmp"
   tmp.mkdir()
   env = {"TMPDIR": str(tmp), "CSV_LOG": str(tmp_path / "log.csv")}
-  with running(_start_cluster(config, tmp_path / "first", {**env, "PAUSE_AFTER_EPOCH":
-                                                           str(KILLED_AFTER_EPOCH)})) as first:
-    _wait_for(first[1], f"EPOCH_END {KILLED_AFTER_EPOCH - 1}", 180)
+  with running(_start_cluster(config, tmp_path / "first", {**env, **pause})) as first:
+    if "PAUSE_AT" in pause:
+      _wait_for(first[0], "PAUSED", 180)  # Worker-0 after step 5; worker-1 waits in step 6.
+    else:
+      _wait_for(first[1], f"EPOCH_END {KILLED_AFTER_EPOCH - 1}", 180)
     kill([first[1]])  # SIGKILL, as a dead machine would.
     kill([first[0]])  # Its peer would fail or wait; the cluster restarts as a whole.
   assert (checkpoints / "backup" / "worker-1" / "latest.weights.h5").is_file()
 
   with running(_start_cluster(config, tmp_path / "second", env)) as second:
     wait(second, 180)
+  resumed = f"resuming at epoch {epoch + 1} of {resumable.EPOCHS}" + (
+      f", step {step + 1} " if step else " ")
+  assert resumed in second[0].output(), second[0].output()[-3000:]  # The chief says it.
   for p in second:
     assert p.process.returncode == 0, p.output()[-3000:]
-    assert _lines(p, "EPOCH_BEGIN ")[0] == str(KILLED_AFTER_EPOCH)  # Epoch k+1, 0-based k.
+    assert _lines(p, "EPOCH_BEGIN ")[0] == str(epoch)  # 0-based.
     weights = json.loads(_lines(p, "RESULT ")[0])
     for got, want in zip(weights, uninterrupted_weights, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-5)
@@ -157,14 +178,23 @@ def test_a_backup_save_that_fails_half_way_leaves_the_previous_backup_whole(tmp_
   backup.save_position(1, 5)
   saved = [w.copy() for w in model.get_weights()]
 
-  def dies_half_way(filepath, overwrite=True):
-    import h5py
-    h5py.File(filepath, "w").close()  # A valid file, its variables not written yet.
+  def dies_half_way(store):
+    store["0"] = np.zeros((3, 2))  # Half the layer's variables read, then the link is gone.
     raise RuntimeError("recvmsg:Connection reset by peer")
   model.set_weights([w + 1 for w in saved])
-  model.save_weights = dies_half_way
+  model.layers[0].save_own_variables = dies_half_way
   with pytest.raises(RuntimeError):
     backup.save_position(2, 0)
+  # A write that fails (a full disk) in the background: raised at the next wait, nothing moved.
+  del model.layers[0].save_own_variables
+  failing = pathlib.Path.write_bytes
+  pathlib.Path.write_bytes = lambda self, data: failing(self, data[:100]) and _disk_full()
+  try:
+    backup._save_model(background=True)
+    with pytest.raises(OSError, match="No space left"):
+      backup.wait()
+  finally:
+    pathlib.Path.write_bytes = failing
 
   restored = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   restored.compile("sgd", "mse")
@@ -174,6 +204,63 @@ def test_a_backup_save_that_fails_half_way_leaves_the_previous_backup_whole(tmp_
   again.on_train_begin()
   for got, want in zip(restored.get_weights(), saved, strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def _disk_full():
+  raise OSError(28, "No space left on device")
+
+
+def test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it(tmp_path):
+  """Every `backup_every_steps` steps, the backup's image is made at that step and written by
+  another thread while the next steps run (the write held here until step 5 ends); Keras's own
+  `load_weights` reads it as `save_weights` wrote it, and it names its epoch and step."""
+  import threading
+  import keras
+  from tfdist.training import checkpoints
+  config = tfdist.load_config({"checkpoint": {"dir": str(tmp_path), "backup_every_steps": 2}},
+                              environ={})
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  model.compile(keras.optimizers.Adam(0.1), "mse")
+  model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)  # Adam's moments, not zeros.
+  backup = checkpoints.Backup(config)
+  backup.set_model(model)
+  backup.within_epochs(8, first_step=1)  # Resumed after step 1 of its epoch.
+  released, written = threading.Event(), []
+  write = backup._write
+  backup._write = lambda image, position: (
+      released.wait(30), write(image, position),
+      written.append((position, pathlib.Path(backup._weights_path).read_bytes())))
+  backup.on_epoch_begin(4)
+  backup.on_train_batch_end(0)  # Step 2 of the epoch: a backup begins.
+  at_step_2 = [w.copy() for w in model.get_weights()]
+  model.set_weights([w + 1 for w in at_step_2])  # Steps 3 to 5 go on meanwhile.
+  for batch in (1, 2, 3):
+    backup.on_train_batch_end(batch)  # Step 4 waits for step 2's backup...
+    if batch == 1:
+      assert written == [], "a step waited for its backup's write"
+      released.set()
+  backup.wait()
+  assert [position for position, _ in written] == [{"epoch": 4, "batch": 2},
+                                                   {"epoch": 4, "batch": 4}]
+  (tmp_path / "step-2.weights.h5").write_bytes(written[0][1])
+  step_2 = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  step_2.load_weights(tmp_path / "step-2.weights.h5")  # Step 2's weights, written after.
+  for got, want in zip(step_2.get_weights(), at_step_2, strict=True):
+    np.testing.assert_array_equal(got, want)
+
+  plain = tmp_path / "plain.weights.h5"
+  model.save_weights(plain)  # Keras's own file of the same state (step 4's).
+  for path in (plain, backup._weights_path):
+    restored = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    restored.compile(keras.optimizers.Adam(0.1), "mse")
+    restored.optimizer.build(restored.trainable_variables)
+    restored.load_weights(path)
+    for got, want in zip(restored.get_weights() + [v.numpy() for v in
+                                                   restored.optimizer.variables],
+                         model.get_weights() + [v.numpy() for v in model.optimizer.variables],
+                         strict=True):
+      np.testing.assert_array_equal(got, want)
+  assert checkpoints.Backup(config).saved_position() == (4, 4)
 
 
 def test_keras_alone_loses_its_backup_to_a_save_that_fails_half_way(tmp_path):

@@ -264,7 +264,7 @@ DECISIONS: dict[str, Decision] = {
         "backups each epoch (resumed after a restart), the final model, a preemption's save",
         refused=_keras("Keras's own fit saves with its own callbacks (BackupAndRestore, "
                        "ModelCheckpoint)"),
-        checked_by=("test_fault_tolerance.py::test_killed_worker_resumes_at_next_epoch_with_uninterrupted_weights",
+        checked_by=("test_fault_tolerance.py::test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weights",
                     "test_custom_loop.py::test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights")),
     "checkpoint.max_to_keep": Decision(
         "the epoch checkpoints kept in checkpoint.dir",
@@ -274,6 +274,16 @@ DECISIONS: dict[str, Decision] = {
         "a second notice signal beside SIGTERM: every worker saves at one step and exits 42",
         refused=_keras("Keras's own fit saves with its own callbacks"),
         checked_by=("test_preemption.py::test_the_configs_preemption_signal_is_forwarded_and_max_restarts_resumes_after_42",)),
+    "checkpoint.backup_every_steps": Decision(
+        "each task's backup also every this many steps, written in the background from a copy",
+        refused={PARAMETER_SERVER: "the parameter-server loop backs up at epoch ends: its "
+                                   "workers update asynchronously, so no step's state is whole",
+                 LOOP: "the loop backs up at epoch ends and on a notice: call loop.save() "
+                       "where your own loop wants a backup",
+                 **_keras("Keras's own fit saves with its own callbacks (BackupAndRestore's "
+                          "save_freq)")},
+        checked_by=("test_fault_tolerance.py::test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weights",
+                    "test_fault_tolerance.py::test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it")),
     # -- tensorboard ------------------------------------------------------------------------
     "tensorboard.log_dir": Decision(
         "the chief's curves, each task's throughput and step times, the launcher's events",

@@ -21,6 +21,8 @@ def rule(check: Callable[[Any], bool], text: str) -> dict:
 
 _POSITIVE = rule(lambda v: v > 0, "must be greater than 0")
 _NON_NEGATIVE = rule(lambda v: v >= 0, "must be 0 or greater")
+BACKUP_EVERY_STEPS = 100
+"""checkpoint.backup_every_steps's default, measured (BUILD_NOTES.md, "Step backups")."""
 _OPTIONAL_POSITIVE = rule(lambda v: v is None or v > 0, "must be greater than 0")
 
 
@@ -288,10 +290,14 @@ class CheckpointConfig:
     preemption_signal: the signal that, like SIGTERM, asks `tfdist.fit` to save each task's
       backup at the same step and exit with 42 ("restart me"): SIGUSR1 for Slurm's `--signal`
       before a time limit (`tfdist export slurm` asks Slurm for it). Needs `dir`.
+    backup_every_steps: each task's backup also every this many steps within an epoch, written
+      in the background from a copy (the steps go on), so a task killed without notice redoes
+      at most this many steps; 0 backs up at epoch ends only. Needs `dir`.
   """
   dir: str | None = None
   max_to_keep: int = _field(3, _POSITIVE)
   preemption_signal: Literal["SIGTERM", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
+  backup_every_steps: int = _field(BACKUP_EVERY_STEPS, _NON_NEGATIVE)
 
 
 @dataclasses.dataclass(frozen=True)

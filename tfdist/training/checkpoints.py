@@ -16,7 +16,9 @@ removed right after.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import io
 import json
 import os
 import pathlib
@@ -79,8 +81,20 @@ class Backup(keras.callbacks.BackupAndRestore):
       shutil.rmtree(self.directory, ignore_errors=True)
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
+    self.every = config.checkpoint.backup_every_steps
+    self._epoch_steps: int | None = None  # Unknown: backups at epoch ends only.
+    self._first_step = 0  # Steps of the resumed epoch done before this fit.
+    self._done = 0  # Steps done in the epoch at the last call's end.
+    self._writer = concurrent.futures.ThreadPoolExecutor(1, "tfdist-backup")
+    self._writing: concurrent.futures.Future | None = None
     if not fresh:
       self._adopt_newest()
+
+  def within_epochs(self, epoch_steps: int | None, first_step: int = 0) -> None:
+    """Backs up every `checkpoint.backup_every_steps` steps within epochs of `epoch_steps`
+    steps (None: their length is unknown, backups at epoch ends only), the first epoch resumed
+    `first_step` steps into it."""
+    self._epoch_steps, self._first_step = epoch_steps, first_step
 
   def _adopt_newest(self) -> None:
     """Takes the newest of every task's backups when it is newer than this task's own: a
@@ -107,29 +121,77 @@ class Backup(keras.callbacks.BackupAndRestore):
     self._current_epoch, self._last_batch_seen = epoch, step
     self._save_model()
 
-  def _save_model(self):
-    """Keras's save, each file written aside and then renamed into place (the weights first):
-    a save that fails half-way (a chief whose parameter server died while it read the
-    variables; a process killed while it writes) leaves the previous backup whole. Keras writes
-    in place and falls back to its copy (`double_checkpoint`) only on an OSError, but a
-    half-written .h5 fails to load with a ValueError (keras-team/keras#20463, #20465)."""
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch, self._done = epoch, self._first_step
+
+  def on_train_batch_end(self, batch, logs=None):
+    """A backup in the background when this call crossed a multiple of `backup_every_steps`
+    (the epoch's last call excepted: the epoch's end saves)."""
+    done, before = batch + 1 + self._first_step, self._done
+    self._done = done
+    if not (self.every and self._epoch_steps) or done >= self._epoch_steps or \
+        done // self.every == before // self.every:
+      return
+    self._current_epoch, self._last_batch_seen = self._epoch, done
+    self._save_model(background=True)
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._first_step = 0  # Only the resumed epoch started part-way.
+    super().on_epoch_end(epoch, logs)
+
+  def _save_model(self, background: bool = False):
+    """Keras's save, from a copy: the weights' .h5 image made here (every variable read at
+    this step), then written by one background thread, aside and renamed into place (the
+    weights first). A save in the background lets the steps go on; the next save waits for
+    it, so a backup is never older than one interval. A save that fails half-way (a chief
+    whose parameter server died while it read the variables; a process killed while it
+    writes) leaves the previous backup whole. Keras writes in place and falls back to its copy
+    (`double_checkpoint`) only on an OSError, but a half-written .h5 fails to load with a
+    ValueError (keras-team/keras#20463, #20465)."""
+    image = weights_image(self.model)
+    position = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
+    self.wait()
+    self._writing = self._writer.submit(self._write, image, position)
+    if not background:
+      self.wait()
+
+  def wait(self) -> None:
+    """Until the backup being written is in place (its error raised here)."""
+    if self._writing is not None:
+      writing, self._writing = self._writing, None
+      writing.result()
+
+  def _write(self, image: bytes, position: dict) -> None:
     os.makedirs(self.backup_dir, exist_ok=True)
     writing = os.path.join(self.backup_dir, ".writing.weights.h5")
-    self.model.save_weights(writing, overwrite=True)
-    position = os.path.join(self.backup_dir, ".writing-training_metadata.json")
-    pathlib.Path(position).write_text(json.dumps({"epoch": self._current_epoch,
-                                                  "batch": self._last_batch_seen}))
+    pathlib.Path(writing).write_bytes(image)
+    metadata = os.path.join(self.backup_dir, ".writing-training_metadata.json")
+    pathlib.Path(metadata).write_text(json.dumps(position))
     for path, previous in ((self._weights_path, self._prev_weights_path),
                            (self._training_metadata_path, self._prev_training_metadata_path)):
       if self.double_checkpoint and os.path.exists(path):
         shutil.copyfile(path, previous)
     os.replace(writing, self._weights_path)
-    os.replace(position, self._training_metadata_path)
+    os.replace(metadata, self._training_metadata_path)
 
   def on_train_end(self, logs=None):
+    self.wait()
     super().on_train_end(logs)
     with contextlib.suppress(OSError):  # The parent, once every task's backup is gone.
       os.rmdir(os.path.dirname(self.directory))
+
+
+def weights_image(model) -> bytes:
+  """The bytes `model.save_weights` writes to a `.weights.h5` file, made in memory: Keras's
+  own walk of the model's state (`saving_lib.save_weights_only` without its file; Keras has no
+  public save to a buffer), so `model.load_weights` reads them back."""
+  from keras.src.saving import saving_lib
+  buffer = io.BytesIO()
+  store = saving_lib.H5IOStore(buffer, mode="w")
+  saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                         visited_saveables=set())
+  store.close()
+  return buffer.getvalue()
 
 
 def _saved_position(directory: str) -> tuple[int, int]:

@@ -317,6 +317,8 @@ def _callbacks(run: _Run, callbacks) -> list:
   from tfdist.training.progress_callback import progress_callbacks
   from tfdist.training import report
   from tfdist.monitoring import tensorboard
+  if run.files and not run.asynchronous:  # Backups within epochs whose length is known.
+    run.files[0].within_epochs(run.epoch_steps, run.first_step)
   notice = settings.preemption_notice(run.config, run.strategy)
   if notice is not None:
     from tfdist.training import preemption
