@@ -5,8 +5,9 @@ its backup). Two ways on: going on with 2 workers (`--min-workers 2`, no restart
 for comparison, restarting the same 3 (`--max-restarts 1`, the worker failing once).
 
 Per-host launches meeting at the chief's launcher (`--rendezvous-port`), one per worker on
-127.0.0.1: from worker-2's launcher stopped (SIGTERM) to the chief's next epoch with 2, and
-from the chief's "taking it in" line to worker-2 training again.
+127.0.0.1: from worker-2's launcher stopped (SIGTERM), or it and its task killed -9, to the
+chief's next epoch with 2, and from the chief's "taking it in" line to worker-2 training again.
+Steps redone after a kill -9: `benchmarks/bench_step_backups.py`.
 
   python -m benchmarks.bench_elastic [--rounds 2]
 """
@@ -80,9 +81,10 @@ class _Lines:
     raise RuntimeError(f"no {pattern!r}:\n" + "".join(l for _, l in self.lines[-30:]))
 
 
-def per_host() -> tuple[float, float]:
-  """Seconds from a host's launcher stopped to the chief training again with 2, and from the
-  chief's taking-in line to the host back training, for one run of three per-host launches."""
+def per_host(killed: bool = False) -> tuple[float, float]:
+  """Seconds from a host's launcher stopped (SIGTERM; `killed`: it and its task killed -9, a
+  power loss) to the chief training again with 2, and from the chief's taking-in line to the
+  host back training, for one run of three per-host launches."""
   from tfdist.machine.ports import free_ports
   with tempfile.TemporaryDirectory() as tmp:
     *ports, rendezvous = free_ports(4)
@@ -103,7 +105,13 @@ def per_host() -> tuple[float, float]:
     try:
       hosts[2].wait_for(r"\[worker-2\] EPOCH_BEGIN 1")
       stopped = time.monotonic()
-      hosts[2].process.send_signal(signal.SIGTERM)
+      if killed:
+        import psutil
+        launcher = psutil.Process(hosts[2].process.pid)
+        for process in [launcher, *launcher.children(recursive=True)]:
+          process.kill()
+      else:
+        hosts[2].process.send_signal(signal.SIGTERM)
       going = hosts[0].wait_for(r"going on without it")
       again = hosts[0].wait_for(r"\[worker-0\] EPOCH_BEGIN", after=going) - stopped
       back = host(2)
@@ -134,6 +142,9 @@ def main(argv):
                    "saves with theirs, 15 s grace)", [a for a, _ in runs]))
   rows.append(_row("per host: back, from the chief's taking-in line to it training",
                    [g for _, g in runs]))
+  killed = [per_host(killed=True) for _ in range(FLAGS.rounds)]
+  rows.append(_row("per host: its launcher and task killed -9, the 2 others training again "
+                   "(silence limit 10 s)", [a for a, _ in killed]))
   print("\n".join(rows))
 
 

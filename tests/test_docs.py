@@ -85,6 +85,25 @@ def test_the_api_reference_renders_the_public_docstrings_and_search_finds_pages(
   assert {"Five-minute quickstart", "Troubleshooting", "Choosing a strategy"} <= titles
 
 
+def test_the_stored_reference_pages_are_what_the_code_generates():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("hooks", REPO / "docs" / "hooks.py")
+  hooks = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(hooks)
+  for page in hooks.GENERATED:
+    assert (REPO / "docs" / page).read_text() == hooks.generated(page), (
+        f"docs/{page} is not what the code generates: run `python docs/hooks.py`")
+
+
+def test_every_link_of_the_readme_resolves_in_the_repository():
+  """README.md is read on GitHub and in a checkout, before any `mkdocs build`."""
+  text = (REPO / "README.md").read_text()
+  links = [link for link in re.findall(r"\]\(([^)\s#]+)", text) if "://" not in link]
+  assert len(links) > 10, links  # The pattern still finds the README's links.
+  missing = [link for link in links if not (REPO / link).exists()]
+  assert not missing, missing
+
+
 def test_every_code_block_runs_or_says_why_not():
   for path in PAGES:
     for block in docs_blocks.blocks(path):

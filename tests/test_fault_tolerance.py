@@ -187,14 +187,20 @@ def test_a_backup_save_that_fails_half_way_leaves_the_previous_backup_whole(tmp_
     backup.save_position(2, 0)
   # A write that fails (a full disk) in the background: raised at the next wait, nothing moved.
   del model.layers[0].save_own_variables
-  failing = pathlib.Path.write_bytes
-  pathlib.Path.write_bytes = lambda self, data: failing(self, data[:100]) and _disk_full()
+  write = checkpoints.write_weights
+
+  def disk_full(copy, path):
+    write(copy, path)
+    with open(path, "r+b") as f:
+      f.truncate(100)  # Half-written, then the disk is full.
+    raise OSError(28, "No space left on device")
+  checkpoints.write_weights = disk_full
   try:
     backup._save_model(background=True)
     with pytest.raises(OSError, match="No space left"):
       backup.wait()
   finally:
-    pathlib.Path.write_bytes = failing
+    checkpoints.write_weights = write
 
   restored = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   restored.compile("sgd", "mse")
@@ -206,12 +212,8 @@ def test_a_backup_save_that_fails_half_way_leaves_the_previous_backup_whole(tmp_
     np.testing.assert_array_equal(got, want)
 
 
-def _disk_full():
-  raise OSError(28, "No space left on device")
-
-
 def test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it(tmp_path):
-  """Every `backup_every_steps` steps, the backup's image is made at that step and written by
+  """Every `backup_every_steps` steps, every variable is copied at that step and written by
   another thread while the next steps run (the write held here until step 5 ends); Keras's own
   `load_weights` reads it as `save_weights` wrote it, and it names its epoch and step."""
   import threading
@@ -227,8 +229,8 @@ def test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it(
   backup.within_epochs(8, first_step=1)  # Resumed after step 1 of its epoch.
   released, written = threading.Event(), []
   write = backup._write
-  backup._write = lambda image, position: (
-      released.wait(30), write(image, position),
+  backup._write = lambda copy, position: (
+      released.wait(30), write(copy, position),
       written.append((position, pathlib.Path(backup._weights_path).read_bytes())))
   backup.on_epoch_begin(4)
   backup.on_train_batch_end(0)  # Step 2 of the epoch: a backup begins.

@@ -276,8 +276,8 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_preemption.py::test_the_configs_preemption_signal_is_forwarded_and_max_restarts_resumes_after_42",)),
     "checkpoint.backup_every_steps": Decision(
         "each task's backup also every this many steps, written in the background from a copy",
-        refused={PARAMETER_SERVER: "the parameter-server loop backs up at epoch ends: its "
-                                   "workers update asynchronously, so no step's state is whole",
+        refused={PARAMETER_SERVER: "its workers update asynchronously, so no step's state is "
+                                   "whole: it backs up at epoch ends",
                  LOOP: "the loop backs up at epoch ends and on a notice: call loop.save() "
                        "where your own loop wants a backup",
                  **_keras("Keras's own fit saves with its own callbacks (BackupAndRestore's "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import io
 import json
 import os
 import pathlib
@@ -26,6 +25,7 @@ import shutil
 import tempfile
 
 import keras
+import numpy as np
 
 from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
@@ -140,18 +140,18 @@ class Backup(keras.callbacks.BackupAndRestore):
     super().on_epoch_end(epoch, logs)
 
   def _save_model(self, background: bool = False):
-    """Keras's save, from a copy: the weights' .h5 image made here (every variable read at
-    this step), then written by one background thread, aside and renamed into place (the
+    """Keras's save, from a copy: every variable copied here, at this step, then written
+    (as `save_weights` writes) by one background thread, aside and renamed into place (the
     weights first). A save in the background lets the steps go on; the next save waits for
     it, so a backup is never older than one interval. A save that fails half-way (a chief
     whose parameter server died while it read the variables; a process killed while it
     writes) leaves the previous backup whole. Keras writes in place and falls back to its copy
     (`double_checkpoint`) only on an OSError, but a half-written .h5 fails to load with a
     ValueError (keras-team/keras#20463, #20465)."""
-    image = weights_image(self.model)
+    copy = weights_copy(self.model)
     position = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
     self.wait()
-    self._writing = self._writer.submit(self._write, image, position)
+    self._writing = self._writer.submit(self._write, copy, position)
     if not background:
       self.wait()
 
@@ -161,10 +161,10 @@ class Backup(keras.callbacks.BackupAndRestore):
       writing, self._writing = self._writing, None
       writing.result()
 
-  def _write(self, image: bytes, position: dict) -> None:
+  def _write(self, copy: dict, position: dict) -> None:
     os.makedirs(self.backup_dir, exist_ok=True)
     writing = os.path.join(self.backup_dir, ".writing.weights.h5")
-    pathlib.Path(writing).write_bytes(image)
+    write_weights(copy, writing)
     metadata = os.path.join(self.backup_dir, ".writing-training_metadata.json")
     pathlib.Path(metadata).write_text(json.dumps(position))
     for path, previous in ((self._weights_path, self._prev_weights_path),
@@ -181,17 +181,43 @@ class Backup(keras.callbacks.BackupAndRestore):
       os.rmdir(os.path.dirname(self.directory))
 
 
-def weights_image(model) -> bytes:
-  """The bytes `model.save_weights` writes to a `.weights.h5` file, made in memory: Keras's
-  own walk of the model's state (`saving_lib.save_weights_only` without its file; Keras has no
-  public save to a buffer), so `model.load_weights` reads them back."""
+def weights_copy(model) -> dict:
+  """A copy of every variable `model.save_weights` writes, by its path in the file: Keras's own
+  walk of the model's state (`saving_lib.save_weights_only`, into a store that copies instead
+  of writing; Keras has no public save to memory). `write_weights` writes the file."""
   from keras.src.saving import saving_lib
-  buffer = io.BytesIO()
-  store = saving_lib.H5IOStore(buffer, mode="w")
-  saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+
+  class Copy(saving_lib.H5IOStore):  # `_save_state` takes Keras's stores alone.
+    def __init__(self):  # pylint: disable=super-init-not-called
+      self.mode, self.entries, self._entry = "w", {}, {}
+
+    def __bool__(self):
+      return True
+
+    def make(self, path, metadata=None):
+      self._entry = self.entries.setdefault(path, (metadata, {}))[1]
+      return self
+
+    def __setitem__(self, key, value):
+      self._entry[key] = np.array(keras.ops.convert_to_numpy(value), copy=True)
+
+  copy = Copy()
+  saving_lib._save_state(model, weights_store=copy, assets_store=None, inner_path="",
                          visited_saveables=set())
-  store.close()
-  return buffer.getvalue()
+  return copy.entries
+
+
+def write_weights(copy: dict, path: str) -> None:
+  """Writes `weights_copy`'s copy as the `.weights.h5` file `model.save_weights` would."""
+  from keras.src.saving import saving_lib
+  store = saving_lib.H5IOStore(path, mode="w")
+  try:
+    for entry, (metadata, values) in copy.items():
+      store.make(entry, metadata=metadata)
+      for key, value in values.items():
+        store[key] = value
+  finally:
+    store.close()
 
 
 def _saved_position(directory: str) -> tuple[int, int]:
