@@ -89,15 +89,14 @@ def test_a_redrawn_progress_line_shows_and_logs_as_a_terminal_leaves_it(write_co
   assert log.endswith(b"16/16 loss: 0.28\ndone\n"), log
   # On a terminal the bar stays live, each redraw keeping the task's prefix.
   import io
-  from tfdist.launch.supervisor import Supervisor
+  from tfdist.launch import output
 
   class Terminal(io.StringIO):
     def isatty(self):
       return True
 
-  terminal = Supervisor(lambda: None, out=Terminal())
-  assert terminal._terminal
-  assert terminal._terminal_line(b"\r 8/16\r16/16\n", "worker-0") == \
+  assert output.Output(Terminal()).terminal
+  assert output.terminal_line(b"\r 8/16\r16/16\n", "worker-0") == \
       b"\r[worker-0]  8/16\r[worker-0] 16/16\n"
 
 

@@ -7,11 +7,9 @@ closed terminal (SIGHUP) or stdout does not leave them running.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,13 +24,12 @@ from tfdist.launch.decisions import (AllDone, Budget, Continue, EvaluatorHung, E
                                      Preempted, Report, RestartCluster, RestartTask,
                                      StartupTimedOut, State, StopAsked)
 from tfdist.launch.hangs import Deadlines, Hang, HangWatch, lost_peers
+from tfdist.launch.output import Output, tail
 from tfdist.progress import Phase
-from tfdist.machine import banners
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
 from tfdist.exit_codes import PREEMPTED, TASK_FAILED
 from tfdist.machine.ports import accepts
 
-_TAIL_LINES = 20
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What stops a launch (and `tfdist tensorboard`): Ctrl-C, a kill, a closed terminal."""
 NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -43,8 +40,6 @@ _WAITING_EVERY = 10.0  # Seconds between "waiting for ..." lines at start-up.
 _STACKS_WRITTEN = 2.0  # Seconds for the tasks' faulthandler to write their stacks.
 _POLL_EVERY = 0.5  # Seconds between a following launcher's polls of the chief's rounds.
 _END_SEEN = 1.5  # Seconds the chief's launcher serves its last round before it ends.
-# Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
-_NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
 
 
 @dataclasses.dataclass
@@ -55,14 +50,6 @@ class Running:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskFailure:
-  """One task's failure in a launch: its name, exit code (None: it froze or hung) and how."""
-  task: str
-  code: int | None
-  how: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Outcome:
   """How a launch ended: the exit code, the one-line reason, after a failure the root cause's
   own exit code (None when it froze or did not fail), and every task failure of the launch,
@@ -70,7 +57,7 @@ class Outcome:
   code: int
   message: str
   root_cause_code: int | None = None
-  failures: tuple[TaskFailure, ...] = ()
+  failures: tuple[Failed, ...] = ()
 
 
 class Supervisor:
@@ -125,21 +112,16 @@ class Supervisor:
     self.heartbeat_timeout = heartbeat_timeout
     self.deadlines = deadlines
     self.verbose = verbose
-    self.out = out
-    self._terminal = bool(out is not None and getattr(out, "isatty", lambda: False)())
-    self.on_say = on_say
-    self._lock = threading.Lock()
+    self.output = Output(out, on_say)
     self._stop_signal: int | None = None
     self._notices: list[int] = []  # Signals to forward to every task, the launch going on.
     self._running: list[Running] = []
-    self._noise: collections.Counter = collections.Counter()
     self._runs_chief = False
-    self._quiet_until = 0.0  # Task output is kept off the terminal until then (stacks).
     self.min_workers = min_workers
     self.on_members = on_members
     self.state = State.STARTING
     self._lost: tuple[str, ...] = ()  # Workers the cluster went on without (config names).
-    self._failures: list[TaskFailure] = []
+    self._failures: list[Failed] = []  # Every task failure of the launch, root cause first.
     self.workers = workers
     self.rendezvous = rendezvous
     self._hosts = rendezvous is not None and hasattr(rendezvous, "publish")
@@ -149,47 +131,12 @@ class Supervisor:
   # -- output ---------------------------------------------------------------------------------
 
   def say(self, line: str) -> None:
-    self._write(f"[tfdist launch] {line}\n")
-    if self.on_say is not None:
-      self.on_say(line)
-
-  def _write(self, text: str) -> None:
-    with self._lock:
-      if self.out is None:
-        return
-      try:
-        self.out.write(text)
-        self.out.flush()
-      except (BrokenPipeError, OSError, ValueError):
-        self.out = None  # The reader went away (`| head`): keep going, logging to files.
-
-  def _pump(self, name: str, stream, log_path: str, shown: bool) -> None:
-    with open(log_path, "ab") as log:
-      for raw in iter(stream.readline, b""):
-        # The log, and any output but a terminal (a pipe, a file), get the line's last redraw
-        # without colours: Keras's progress bar writes both whatever its output is.
-        plain = liveness.plain_text(raw)
-        log.write(plain.rstrip(b"\n") + b"\n" if raw.strip() else raw)
-        log.flush()
-        if banners.BANNERS.search(raw):  # Kept in the log file only.
-          continue
-        if _NOISE.search(raw):
-          self._noise[name] += 1
-          continue
-        if shown and time.monotonic() >= self._quiet_until and not self._peer_failed():
-          line = self._terminal_line(raw, name) if self._terminal else plain
-          self._write(f"[{name}] " + line.decode(errors="replace"))
+    self.output.say(line)
 
   def _peer_failed(self) -> bool:
     """Whether a task of this run failed: what the others print then (their tracebacks of a
     lost peer) goes to their logs only; the root-cause line says what happened."""
     return any(r.process.poll() not in (None, 0, PREEMPTED) for r in list(self._running))
-
-  @staticmethod
-  def _terminal_line(raw: bytes, name: str) -> bytes:
-    """`raw` for a terminal: each redraw of the line (a carriage return) keeps the task's
-    prefix."""
-    return re.sub(rb"\r(?!\n|$)", b"\r[" + name.encode() + b"] ", raw)
 
   # -- processes -------------------------------------------------------------------------------
 
@@ -199,8 +146,8 @@ class Supervisor:
       os.remove(dict(p.env).get(liveness.HEARTBEAT_ENV, ""))  # A beat of an earlier start.
     process = self.start_process(p)
     shown = self.verbose or p.chief or not self._runs_chief
-    pump = threading.Thread(target=self._pump, args=(p.name, process.stdout, p.log, shown),
-                            daemon=True)
+    pump = threading.Thread(target=self.output.pump, daemon=True,
+                            args=(p.name, process.stdout, p.log, shown, self._peer_failed))
     pump.start()
     self.say(f"{p.name} started (pid {process.pid})")
     return Running(p, process, pump)
@@ -242,7 +189,7 @@ class Supervisor:
         self._runs_chief = any(p.chief for p in plan.processes)
         self._say_plan(plan, shown)
         shown = plan
-        self.state, self._quiet_until = State.STARTING, 0.0
+        self.state, self.output.quiet_until = State.STARTING, 0.0
         self._running = [self._start(p) for p in plan.processes]
         if self.on_members is not None:
           self.on_members(len(self._members()) if self.rendezvous is not None else
@@ -534,10 +481,10 @@ class Supervisor:
       if accepts(address):
         self.say(f"{name} is up again at {address}: it rejoined")
         del watch.rejoining[name]
-    if sum(self._noise.values()) > watch.noise_said:
-      watch.noise_said = sum(self._noise.values())
+    if sum(self.output.noise.values()) > watch.noise_said:
+      watch.noise_said = sum(self.output.noise.values())
       self.say("transient reconnect messages so far (shown in the logs only): " +
-               ", ".join(f"{n} {c}" for n, c in sorted(self._noise.items())))
+               ", ".join(f"{n} {c}" for n, c in sorted(self.output.noise.items())))
     return None
 
   def _failure(self, watch: "_Watch") -> Preempted | Failed | None:
@@ -582,7 +529,7 @@ class Supervisor:
       self._name_hang(hang, [cause], "Its Python stack (all threads) is in its log: "
                                      f"{cause.plan.log}")
       how = f"hung ({hang.waited:.0f} s without progress)"
-      self._failures.append(TaskFailure(hang.behind, None, how))
+      self._failures.append(Failed(hang.behind, None, how, "evaluator", alone=True, hung=True))
       return EvaluatorHung(hang.behind, how)
     return None
 
@@ -595,8 +542,8 @@ class Supervisor:
     return None
 
   def _failed(self, event: Failed) -> Failed:
-    self._failures.append(TaskFailure(event.task, event.code, event.how))
-    self._quiet_until = float("inf")  # The rest stop: their tracebacks go to the logs only.
+    self._failures.append(event)
+    self.output.quiet_until = float("inf")  # The rest stop: their tracebacks go to the logs only.
     return event
 
   # -- actions --------------------------------------------------------------------------------
@@ -639,7 +586,7 @@ class Supervisor:
     cause = next(r for r in self._running if r.plan.name == name)
     self._stop([cause])
     self._running[self._running.index(cause)] = self._start(cause.plan)
-    self._quiet_until = 0.0  # Its peers went on: their output shows again.
+    self.output.quiet_until = 0.0  # Its peers went on: their output shows again.
     if cause.plan.address and not (cause.plan.task and cause.plan.task.type == "evaluator"):
       watch.rejoining[name] = cause.plan.address
 
@@ -662,7 +609,7 @@ class Supervisor:
   def _name_hang(self, hang: Hang, tasks: list[Running], stacks: str) -> None:
     """`tasks`' Python stacks into their logs (faulthandler, registered by `import tfdist` in
     each task; kept off the terminal), then the hang named as the root cause."""
-    self._quiet_until = time.monotonic() + _STACKS_WRITTEN + 1
+    self.output.quiet_until = time.monotonic() + _STACKS_WRITTEN + 1
     for r in tasks:
       with contextlib.suppress(ProcessLookupError, PermissionError):
         r.process.send_signal(liveness.STACKS_SIGNAL)
@@ -677,7 +624,7 @@ class Supervisor:
 
   def _report_root_cause(self, cause: Running, consequence: Running | None = None) -> None:
     cause.pump.join(timeout=0 if cause.process.poll() is None else 2)
-    lost = [name for name in lost_peers(_tail(cause.plan.log, lines=200), cause.plan.name)
+    lost = [name for name in lost_peers(tail(cause.plan.log, lines=200), cause.plan.name)
             if name not in {r.plan.name for r in self._running}]
     if lost:  # A peer on another host, lost: the root cause is there, not here.
       what, detail = _how_it_ended(cause)
@@ -685,13 +632,13 @@ class Supervisor:
                f"heartbeats from it: its host, its link or its process is gone): the root "
                f"cause; {cause.plan.name} {what} {detail} because of it. Look at "
                f"{', '.join(lost)}'s host and log. {cause.plan.name}'s log "
-               f"({cause.plan.log}) ends:\n" + _tail(cause.plan.log))
+               f"({cause.plan.log}) ends:\n" + tail(cause.plan.log))
       return
     what, detail = _how_it_ended(cause)
     then = (f"; {consequence.plan.name} {' '.join(_how_it_ended(consequence))} after it"
             if consequence else "")
     self.say(f"{cause.plan.name} {what} first {detail}: the root cause{then}. Its log "
-             f"({cause.plan.log}) ends:\n" + _tail(cause.plan.log))
+             f"({cause.plan.log}) ends:\n" + tail(cause.plan.log))
 
 
 @dataclasses.dataclass
@@ -745,13 +692,3 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
       process.signal_group(signum)
     else:
       os.killpg(process.pid, signum)
-
-
-def _tail(path: str, lines: int = _TAIL_LINES) -> str:
-  count = lines
-  try:
-    with open(path, errors="replace") as f:
-      lines = f.read().splitlines()[-count:]
-  except OSError:
-    lines = ["(no log)"]
-  return "\n".join("    " + line for line in lines)
