@@ -299,8 +299,8 @@ class Supervisor:
       return action
 
   def _decide(self, event) -> decisions.Action:
-    """The chief's (or a lone) launcher's decision on `event`, its restarts counted and the
-    decision said."""
+    """The decision on `event` (the one call of `decisions.decide`), its restarts counted and
+    the decision said."""
     action = decisions.decide(event, self._budget())
     if not isinstance(action, End):
       self.restarts_left = action.restarts_left
@@ -408,8 +408,7 @@ class Supervisor:
       found = self.rendezvous.poll(ready=self._round)
       event = self._new_round(found)
       if event is not None:
-        action = decisions.decide(event, self._budget())
-        self._announce(event, action)
+        action = self._decide(event)
         if isinstance(action, End):
           return action
         self._lost, self._round = action.lost, action.number
@@ -448,9 +447,7 @@ class Supervisor:
         return stopped
       event = self._new_round(self.rendezvous.poll())
       if event is not None:
-        action = decisions.decide(event, self._budget())
-        self._announce(event, action)
-        return action
+        return self._decide(event)
       time.sleep(_POLL_EVERY)
 
   def _leave_if_stopped(self) -> End | None:
@@ -459,8 +456,8 @@ class Supervisor:
     if self._stop_signal is None:
       return None
     self.rendezvous.leave()
-    return decisions.decide(StopAsked(signal.Signals(self._stop_signal).name,
-                                      self._stop_signal, False), self._budget())
+    return self._decide(StopAsked(signal.Signals(self._stop_signal).name, self._stop_signal,
+                                  False))
 
   def _startup(self, watch: "_Watch") -> StartupTimedOut | None:
     """The start-up deadline over every task's server; lines while waiting, rejoins, noise."""
