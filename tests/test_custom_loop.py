@@ -76,11 +76,11 @@ def test_a_subclass_train_step_under_fit_trains_as_one_device(strategy, style):
   np.testing.assert_allclose(losses, want_losses, atol=1e-5)  # Not halved.
 
 
-def launch(tmp_path, config, program, *args, extra=()):
+def launch(tmp_path, config, program, *args, extra=(), env=None):
   (tmp_path / "config.yaml").write_text(config)
   process = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"), *extra,
                          "--", sys.executable, str(PROGRAMS / program), str(tmp_path / "out"),
-                         *args)
+                         *args, env=env)
   output = finish(process, 240, [])
   assert process.returncode == 0, output[-3000:]
   return output, np.load(tmp_path / "out" / "result.npz")
@@ -120,13 +120,23 @@ def test_the_loop_under_parameter_server_converges(tmp_path):
   assert result["accuracies"][-1] > 0.65
 
 
+@pytest.mark.parametrize("killed", ["epoch_end", "mid_epoch"])
 def test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights(
-    tmp_path, one_device_loop):
+    tmp_path, one_device_loop, killed):
+  """Worker-1 killed -9 after epoch 2, or mid-epoch 3 after its second call of 3 steps (step
+  22) with backups every 3 steps: the restart resumes at the epoch's checkpoint (step 16), or
+  at a step backup (19, or 22 when the one begun at 22 was written before the restart: never
+  the epoch's start), and ends with one device's weights."""
+  every = "" if killed == "epoch_end" else ", backup_every_steps: 3"
   output, result = launch(
-      tmp_path, MWMS + f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n", "custom_loop.py",
-      "keras_loss", "2", extra=("--max-restarts", "1"))
+      tmp_path, MWMS + f"checkpoint: {{dir: {tmp_path / 'checkpoints'}{every}}}\n",
+      "custom_loop.py", "keras_loss", *(["2"] if killed == "epoch_end" else []),
+      extra=("--max-restarts", "1"), env={"KILL_AT": "3:2"} if killed == "mid_epoch" else None)
   assert "worker-1 failed first (exit code -9)" in output
-  assert "tfdist: resuming at epoch 3, step 16 from" in output
+  resumed = re.search(r"tfdist: resuming at epoch (\d+), step (\d+) from", output)
+  assert resumed, output[-3000:]
+  assert (resumed[1], int(resumed[2])) in ([("3", 16)] if killed == "epoch_end" else
+                                           [("3", 19), ("3", 22)]), resumed[0]
   assert_same([result[f"w{i}"] for i in range(4)], one_device_loop["keras_loss"][0])
   assert sorted(p.name for p in (tmp_path / "checkpoints" / "loop").iterdir())[0] == "checkpoint"
 

@@ -112,3 +112,36 @@ def test_the_one_keras_private_tfdist_replaces_for_gradients_still_exists():
   seen = []
   gradient_reduction.wrap(optimizer, lambda reduce, pairs: seen.append(pairs) or reduce(pairs))
   assert optimizer._all_reduce_sum_gradients([(1.0, "v")]) == [(1.0, "v")] and seen
+
+
+def _two_async_saves(directory):
+  """Two asynchronous checkpoints of a Keras model, its weights changed between them; the
+  weights the second one holds."""
+  import numpy as np
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  checkpoint = tf.train.Checkpoint(model=model)
+  options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+  checkpoint.save(str(directory / "a"), options=options)
+  second = [w + 1 for w in model.get_weights()]
+  model.set_weights(second)
+  path = checkpoint.save(str(directory / "a"), options=options)
+  checkpoint.sync()
+  model.set_weights([np.zeros_like(w) for w in second])
+  tf.train.Checkpoint(model=model).restore(path).expect_partial()
+  return model.get_weights(), second
+
+
+def test_keras_second_asynchronous_checkpoint_fails_without_the_fix(tmp_path):
+  """Detector: fails once Keras's variable reuses its CPU copy (then delete
+  `keras_fixes.repeatable_async_copies`)."""
+  with pytest.raises(ValueError, match="singleton tf.Variables"):
+    _two_async_saves(tmp_path)
+
+
+def test_a_second_asynchronous_checkpoint_holds_its_own_step_with_the_fix(tmp_path):
+  import numpy as np
+  from tfdist.training.keras_fixes import repeatable_async_copies
+  with repeatable_async_copies():
+    restored, second = _two_async_saves(tmp_path)
+  for got, want in zip(restored, second, strict=True):
+    np.testing.assert_array_equal(got, want)

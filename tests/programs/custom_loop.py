@@ -82,6 +82,7 @@ def train(config=None, style="keras_loss", out=None, exit_after=None):
     for logs in loop.run(train_step, dataset, steps=len(x) // loop.global_batch_size):
       total_loss, num_batches = total_loss + float(logs["loss"]), num_batches + 1
       _pause_if_asked(out, epoch + 1, num_batches)
+      _kill_if_asked(out, epoch + 1, num_batches)
       _hang_if_asked(out, epoch + 1, num_batches)
       _raise_if_asked(epoch + 1, num_batches)
     losses.append(total_loss / num_batches)
@@ -177,6 +178,16 @@ def block_forever():
   """A deadlock in the user's own loop: the process lives, its heartbeat beats."""
   import threading
   threading.Event().wait()
+
+
+def _kill_if_asked(out, epoch, call):
+  """KILL_AT=EPOCH:CALL: worker-1 of a first attempt (no OUT_DIR/crashed) SIGKILLs itself after
+  that call, mid-epoch."""
+  if os.environ.get("KILL_AT") != f"{epoch}:{call}" or tfdist.task() is None or \
+      tfdist.task().index != 1 or os.path.exists(os.path.join(out, "crashed")):
+    return
+  open(os.path.join(out, "crashed"), "w").close()
+  os.kill(os.getpid(), signal.SIGKILL)  # As a dead machine would.
 
 
 def _pause_if_asked(out, epoch, call):

@@ -275,15 +275,15 @@ DECISIONS: dict[str, Decision] = {
         refused=_keras("Keras's own fit saves with its own callbacks"),
         checked_by=("test_preemption.py::test_the_configs_preemption_signal_is_forwarded_and_max_restarts_resumes_after_42",)),
     "checkpoint.backup_every_steps": Decision(
-        "each task's backup also every this many steps, written in the background from a copy",
+        "each task's backup also every this many steps, its variables copied at the step and "
+        "written in the background (the loop: TensorFlow's asynchronous checkpoint)",
         refused={PARAMETER_SERVER: "its workers update asynchronously, so no step's state is "
                                    "whole: it backs up at epoch ends",
-                 LOOP: "the loop backs up at epoch ends and on a notice: call loop.save() "
-                       "where your own loop wants a backup",
                  **_keras("Keras's own fit saves with its own callbacks (BackupAndRestore's "
                           "save_freq)")},
         checked_by=("test_fault_tolerance.py::test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weights",
-                    "test_fault_tolerance.py::test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it")),
+                    "test_fault_tolerance.py::test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it",
+                    "test_custom_loop.py::test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights")),
     # -- tensorboard ------------------------------------------------------------------------
     "tensorboard.log_dir": Decision(
         "the chief's curves, each task's throughput and step times, the launcher's events",

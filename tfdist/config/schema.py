@@ -290,9 +290,10 @@ class CheckpointConfig:
     preemption_signal: the signal that, like SIGTERM, asks `tfdist.fit` to save each task's
       backup at the same step and exit with 42 ("restart me"): SIGUSR1 for Slurm's `--signal`
       before a time limit (`tfdist export slurm` asks Slurm for it). Needs `dir`.
-    backup_every_steps: each task's backup also every this many steps within an epoch, written
-      in the background from a copy (the steps go on), so a task killed without notice redoes
-      at most this many steps; 0 backs up at epoch ends only. Needs `dir`.
+    backup_every_steps: each task's backup also every this many steps within an epoch
+      (`tfdist.fit`, `TrainingLoop`), written in the background from a copy (the steps go on),
+      so a task killed without notice redoes at most this many steps; 0 backs up at epoch ends
+      only. Needs `dir`.
   """
   dir: str | None = None
   max_to_keep: int = _field(3, _POSITIVE)

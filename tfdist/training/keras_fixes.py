@@ -67,6 +67,33 @@ def install() -> None:
   keras.Model._tfdist_fixed = True
 
 
+@contextlib.contextmanager
+def repeatable_async_copies():
+  """TensorFlow's asynchronous checkpoint copies every variable to the CPU in a `tf.function`
+  at each save; Keras's variable makes a new `tf.Variable` for its copy at every call, so the
+  second asynchronous save of a Keras model fails ("tf.function only supports singleton
+  tf.Variables created on the first call"). While inside, the copy made at the first save is
+  assigned again, as TensorFlow's own DistributedVariable does. Keras's code since
+  keras-team/keras#18749 (keras/src/backend/tensorflow/core.py, `_copy_trackable_to_cpu`); no
+  upstream issue found. tests/test_keras_fixes.py runs two saves unfixed and fails once Keras
+  reuses its copy: then delete this."""
+  from keras.src.backend.tensorflow import core
+  own = core.Variable._copy_trackable_to_cpu
+
+  def reused(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)
+    if self in object_map:
+      object_map[self].assign(object_map[self.value])
+    else:
+      object_map[self] = tf.Variable(object_map[self.value])
+
+  core.Variable._copy_trackable_to_cpu = reused if _BROKEN else own
+  try:
+    yield
+  finally:
+    core.Variable._copy_trackable_to_cpu = own
+
+
 def _with_fixes(method):
   @functools.wraps(method)
   def call(model, *args, **kwargs):

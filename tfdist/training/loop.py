@@ -133,6 +133,9 @@ class TrainingLoop:
     self._compiled: dict[int, Callable] = {}
     self._coordinator, self._worker_iterators, self._streams = None, {}, {}
     self._synced: list[_SyncedMetric] = []  # Metrics read without a collective between runs.
+    self._files = contextlib.ExitStack()  # A non-chief task's scratch folder for its saves.
+    self._manager: tf.train.CheckpointManager | None = None
+    self._within_epochs = False
 
   def _announce(self) -> None:
     """The chief's start line, once, when training starts (the optimizer's settings known)."""
@@ -448,6 +451,9 @@ class TrainingLoop:
       for model in self._models():
         stack.enter_context(dtype_policy.saved_as_built(model, self.precision.policy,
                                                         self._built_with))
+      self._within_epochs = True
+      stack.callback(setattr, self, "_within_epochs", False)
+      stack.callback(self._close_files)
       for epoch in range(self._epoch, count):
         self._epoch = epoch
         progress.own_code(_OWN_LOOP, epoch)
@@ -472,11 +478,23 @@ class TrainingLoop:
     Returns:
       The checkpoint's path, or None without a `checkpoint.dir`.
     """
+    path = self._save()
+    if not self._within_epochs:
+      self._close_files()
+    return path
+
+  def _save(self, background: bool = False) -> str | None:
+    """The checkpoint of this step; `background`: its variables copied now and written by
+    TensorFlow's asynchronous checkpoint while the steps go on. A save first waits for the one
+    being written, so a checkpoint is never more than one interval old."""
     if not self.config.checkpoint.dir:
       return None
-    with self._checkpoint_manager() as manager:
-      self._position.assign([self.step, self._epoch, self._steps_into_epoch])
-      return manager.save(checkpoint_number=self.step)
+    manager = self._checkpoint_manager()
+    self._checkpoint().sync()
+    self._position.assign([self.step, self._epoch, self._steps_into_epoch])
+    options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=background)
+    with keras_fixes.repeatable_async_copies():  # The copy is made inside `save`.
+      return manager.save(checkpoint_number=self.step, options=options)
 
   def restore(self) -> bool:
     """Restores the newest checkpoint of `checkpoint.dir/loop`, if any. A fresh start
@@ -518,6 +536,9 @@ class TrainingLoop:
       self._averaging.after_call(self.step)
     if self._listening and self._notice.stop_now():
       self._preempted()
+    every = 0 if self.asynchronous else self.config.checkpoint.backup_every_steps
+    if every and self._steps_into_epoch // every != (self._steps_into_epoch - steps) // every:
+      self._save(background=True)  # Every task at the same step: a save may be a collective.
 
   def _preempted(self) -> None:
     """Saves at this step (every worker at the same one) and exits with 42."""
@@ -540,18 +561,23 @@ class TrainingLoop:
       self._state = tf.train.Checkpoint(position=self._position, **self._tracked)
     return self._state
 
-  def _checkpoint_manager(self):
-    """A context giving the checkpoint manager of this task: the chief's directory, or (on other
-    tasks, which must save too) a scratch directory removed after."""
-    @contextlib.contextmanager
-    def manager():
-      if self.is_chief:
-        yield tf.train.CheckpointManager(self._checkpoint(), self._directory(),
-                                         max_to_keep=self.config.checkpoint.max_to_keep)
-        return
-      with checkpoints.scratch_dir(self.config) as scratch:
-        yield tf.train.CheckpointManager(self._checkpoint(), scratch, max_to_keep=1)
-    return manager()
+  def _checkpoint_manager(self) -> tf.train.CheckpointManager:
+    """This task's checkpoint manager, made once: the chief's directory, or (on other tasks,
+    which must save too) a scratch directory, removed when the epochs end."""
+    if self._manager is None:
+      directory, keep = self._directory(), self.config.checkpoint.max_to_keep
+      if not self.is_chief:
+        directory, keep = self._files.enter_context(checkpoints.scratch_dir(self.config)), 1
+      self._manager = tf.train.CheckpointManager(self._checkpoint(), directory,
+                                                 max_to_keep=keep)
+    return self._manager
+
+  def _close_files(self) -> None:
+    """The last checkpoint written, a non-chief task's scratch directory removed."""
+    if hasattr(self, "_state"):
+      self._state.sync()
+    self._manager = None
+    self._files.close()
 
 
 def _arguments(batch, step_fn=None) -> tuple:
