@@ -58,13 +58,14 @@ def uninterrupted_weights():
   return [np.asarray(w) for w in resumable.train_plain().get_weights()]
 
 
-# (config lines, where the first attempt is killed, (epoch, step) the restart resumes at).
+# (training lines, checkpoint keys beside dir, where the first attempt is killed, (epoch, step)
+# the restart resumes at).
 _KILLS = {
     # At an epoch's end: the epoch's backup (8 steps an epoch, fewer than the default interval).
-    "whole": ("", {"PAUSE_AFTER_EPOCH": str(KILLED_AFTER_EPOCH)}, (KILLED_AFTER_EPOCH, 0)),
+    "whole": ("", "", {"PAUSE_AFTER_EPOCH": str(KILLED_AFTER_EPOCH)}, (KILLED_AFTER_EPOCH, 0)),
     # Mid-epoch, sharded (issue 34: each backup holds the whole optimizer, gathered from the
     # shards): the step backup of step 3 (every 3 steps, issue 59), killed after step 5.
-    "sharded": ("training: {shard_optimizer: true}\ncheckpoint: {backup_every_steps: 3}\n",
+    "sharded": ("training: {shard_optimizer: true}\n", ", backup_every_steps: 3",
                 {"PAUSE_AT": "2:5"}, (2, 3)),
 }
 
@@ -75,14 +76,12 @@ def test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weig
   """Every task killed -9 (a power loss): the restart resumes at the newest backup, an epoch's
   or (mid-epoch) a step backup, redoing at most `backup_every_steps` steps, and ends with
   plain Keras's uninterrupted weights."""
-  lines, pause, (epoch, step) = _KILLS[kill_at]
-  training = "shard_optimizer" in lines
+  training_lines, every, pause, (epoch, step) = _KILLS[kill_at]
+  training = bool(training_lines)
   checkpoints = tmp_path / "checkpoints"
   config = tmp_path / "mwms.yaml"
-  every = ", backup_every_steps: 3" if "backup_every_steps" in lines else ""
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
-                    f"checkpoint: {{dir: {checkpoints}{every}}}\n" +
-                    ("training: {shard_optimizer: true}\n" if training else ""))
+                    f"checkpoint: {{dir: {checkpoints}{every}}}\n{training_lines}")
   tmp = tmp_path / "tmp"
   tmp.mkdir()
   env = {"TMPDIR": str(tmp), "CSV_LOG": str(tmp_path / "log.csv")}

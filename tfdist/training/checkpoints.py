@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -85,7 +86,6 @@ class Backup(keras.callbacks.BackupAndRestore):
     self._epoch_steps: int | None = None  # Unknown: backups at epoch ends only.
     self._first_step = 0  # Steps of the resumed epoch done before this fit.
     self._done = 0  # Steps done in the epoch at the last call's end.
-    self._writer = concurrent.futures.ThreadPoolExecutor(1, "tfdist-backup")
     self._writing: concurrent.futures.Future | None = None
     if not fresh:
       self._adopt_newest()
@@ -151,7 +151,7 @@ class Backup(keras.callbacks.BackupAndRestore):
     copy = weights_copy(self.model)
     position = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
     self.wait()
-    self._writing = self._writer.submit(self._write, copy, position)
+    self._writing = _writer().submit(self._write, copy, position)
     if not background:
       self.wait()
 
@@ -179,6 +179,13 @@ class Backup(keras.callbacks.BackupAndRestore):
     super().on_train_end(logs)
     with contextlib.suppress(OSError):  # The parent, once every task's backup is gone.
       os.rmdir(os.path.dirname(self.directory))
+
+
+@functools.cache
+def _writer() -> concurrent.futures.ThreadPoolExecutor:
+  """The process's one thread writing backups (made at the first): every fit's `Backup` shares
+  it, so a process running many fits does not keep an idle thread for each."""
+  return concurrent.futures.ThreadPoolExecutor(1, "tfdist-backup")
 
 
 def weights_copy(model) -> dict:
