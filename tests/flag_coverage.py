@@ -6,8 +6,7 @@ import os
 import pathlib
 import tempfile
 
-from tfdist.cli import flags as cli_flags
-from tfdist.cli.main import FLAGS_SEEN
+from tfdist.cli.main import COMMAND_FLAGS, FLAGS_SEEN
 
 
 def start() -> None:
@@ -18,12 +17,12 @@ def start() -> None:
 
 
 def unexercised(lines: list[str]) -> list[str]:
-  """The `tfdist COMMAND --flag` pairs of `cli_flags.COMMAND_FLAGS` no line of the record has."""
+  """The `tfdist COMMAND --flag` pairs of `COMMAND_FLAGS` no line of the record has."""
   seen = set()
   for line in lines:
     command, *given = line.split()
     seen |= {(command, flag) for flag in given}
-  return [f"tfdist {command} --{flag}" for command, names in cli_flags.COMMAND_FLAGS.items()
+  return [f"tfdist {command} --{flag}" for command, names in COMMAND_FLAGS.items()
           for flag in names if (command, flag) not in seen]
 
 

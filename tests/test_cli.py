@@ -1,6 +1,7 @@
 """`tfdist check` and the CLI's handling of bad commands and flags, run as a user runs them."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -96,7 +97,7 @@ def test_a_reader_that_stops_early_gets_no_traceback():
 def _given(name: str) -> list[str]:
   """`--NAME` with a value of its type (a boolean takes none)."""
   from absl import flags
-  from tfdist.cli.flags import define_flags
+  from tfdist.cli.main import define_flags
   if "dry-run" not in flags.FLAGS:
     define_flags()
   flag = flags.FLAGS[name]
@@ -110,14 +111,14 @@ def _given(name: str) -> list[str]:
 
 def _foreign(command: str) -> str:
   """A flag of another command only, from the commands' own table."""
-  from tfdist.cli.flags import owners
+  from tfdist.cli.main import owners
   return next(name for name, commands in owners().items() if command not in commands)
 
 
 @pytest.mark.parametrize("command", sorted(__import__("tfdist.cli.main", fromlist=["COMMANDS"])
                                            .COMMANDS))
 def test_every_command_refuses_another_commands_flag_naming_it_with_exit_2(command):
-  from tfdist.cli.flags import owners
+  from tfdist.cli.main import owners
   name = _foreign(command)
   result = tfdist(command, *_given(name))
   assert result.returncode == 2, (result.stdout[-1000:], result.stderr[-2000:])
@@ -129,7 +130,7 @@ def test_every_command_refuses_another_commands_flag_naming_it_with_exit_2(comma
 
 def test_every_defined_flag_belongs_to_a_command_and_every_commands_flag_is_defined():
   from absl import flags
-  from tfdist.cli.flags import COMMAND_FLAGS, define_flags, owners
+  from tfdist.cli.main import COMMAND_FLAGS, define_flags, owners
   if "dry-run" not in flags.FLAGS:
     define_flags()
   ours = {f.name for f in flags.FLAGS.get_flags_for_module("tfdist.cli.flags")}
@@ -153,3 +154,55 @@ def test_the_model_servers_old_name_flag_still_works_with_a_notice(tmp_path):
   both = tfdist("model-server", str(tmp_path / "missing.keras"), "--name", "m",
                 "--model-name", "n")
   assert both.returncode == 2 and "--model-name: must be given alone" in both.stderr
+
+
+# -- each command's own flags: one declaration, one meaning, one usage -----------------------
+
+@pytest.mark.parametrize("command", sorted(__import__("tfdist.cli.main", fromlist=["COMMANDS"])
+                                           .COMMANDS))
+def test_each_commands_usage_and_help_list_exactly_the_flags_it_declares(command):
+  from tfdist.cli.main import COMMANDS
+  module = COMMANDS[command]
+  declared = [flag.name for flag in module.FLAGS_DECLARED]
+  assert len(declared) == len(set(declared)), declared
+  in_usage = re.findall(r"(\[)?--([a-z][a-z-]*)", module.USAGE)
+  assert [name for _, name in in_usage] == declared, module.USAGE
+  required = {flag.name for flag in module.FLAGS_DECLARED if flag.required}
+  assert {name for bracket, name in in_usage if not bracket} == required, module.USAGE
+  help_text = tfdist(command, "--help").stdout
+  listed = re.findall(r"^  --([a-z][a-z-]*)\b.*\(default: ", help_text, flags=re.M)
+  assert listed == declared + list(getattr(module, "OLD_SPELLINGS", {})), help_text
+
+
+def test_a_flag_name_has_one_meaning_across_commands():
+  from tfdist.cli.main import COMMANDS
+  meanings = {}
+  for command, module in COMMANDS.items():
+    for flag in module.FLAGS_DECLARED:
+      meanings.setdefault(flag.name, set()).add(flag)
+  assert {name: len(flags) for name, flags in meanings.items() if len(flags) > 1} == {}
+  for command, module in COMMANDS.items():  # An old spelling: another command's flag's name.
+    for old, new in getattr(module, "OLD_SPELLINGS", {}).items():
+      assert old in meanings and old not in {f.name for f in module.FLAGS_DECLARED}, old
+      assert new in {f.name for f in module.FLAGS_DECLARED}, (command, new)
+
+
+def test_two_declarations_of_one_name_are_refused_naming_both_commands():
+  from tfdist.cli import flags as cli_flags
+  http = cli_flags.Flag("a-port-for-this-test", "integer", None, "HTTP's.")
+  task = cli_flags.Flag("a-port-for-this-test", "integer", None, "The tasks' servers'.")
+  with pytest.raises(ValueError, match="--a-port-for-this-test is declared twice with two "
+                     "meanings: by tfdist serve and tfdist run"):
+    cli_flags.define({"serve": (http,), "run": (task,)})
+
+
+def test_launch_offers_the_backends_there_are_and_refuses_another_in_one_line():
+  from tfdist.launch import backends
+  result = tfdist("launch", str(CONFIGS / "default.yaml"), "--backend", "kube", "--", "true")
+  assert result.returncode == 2
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith("tfdist: flag --backend=kube: value should be one of <")
+  offered = line.split("<", 1)[1].split(">", 1)[0].split("|")
+  assert offered == list(backends.NAMES)
+  for name in offered:  # Each offered one is a backend the launcher can load.
+    assert backends.get(name).__name__ == f"tfdist.launch.backends.{name}"

@@ -57,8 +57,7 @@ def test_every_config_key_is_in_the_config_reference(site):
 
 
 def test_every_command_and_only_its_own_flags_are_in_the_cli_reference(site):
-  from tfdist.cli.flags import COMMAND_FLAGS
-  from tfdist.cli.main import COMMANDS
+  from tfdist.cli.main import COMMAND_FLAGS, COMMANDS
   sections = _text(site, "reference/cli").split("<h2 ")
   for command in COMMANDS:
     (section,) = [s for s in sections if re.match(rf'id="tfdist-{command}"', s)]

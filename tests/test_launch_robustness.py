@@ -231,7 +231,7 @@ def test_help_lists_every_flag_with_its_default(args):
   if args[0].startswith("-"):
     assert "commands:" in result.stdout and "launch" in result.stdout
     return
-  from tfdist.cli.flags import COMMAND_FLAGS
+  from tfdist.cli.main import COMMAND_FLAGS
   for name in COMMAND_FLAGS[args[0]]:
     assert re.search(rf"--{name}\b.*\(default: [^)]+\)", result.stdout), name
   if args[0] == "launch":

@@ -24,8 +24,8 @@ def test_a_wait_bounded_past_the_tests_timeout_fails_at_once_naming_it():
 
 
 def test_a_flag_no_test_gives_through_the_cli_is_named():
-  from tfdist.cli import flags as cli_flags
-  every = [f"{command} {' '.join(names)}" for command, names in cli_flags.COMMAND_FLAGS.items()]
+  from tfdist.cli.main import COMMAND_FLAGS
+  every = [f"{command} {' '.join(names)}" for command, names in COMMAND_FLAGS.items()]
   assert flag_coverage.unexercised(every) == []
   launch = next(i for i, line in enumerate(every) if line.startswith("launch "))
   every[launch] = every[launch].replace(" slurm", "")

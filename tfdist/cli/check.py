@@ -16,11 +16,12 @@ import yaml
 
 from tfdist.config import (LOCALHOST, batch_sizes, config_to_dict, load_config, replica_count,
                            tf_config_for)
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import Config, TaskConfig
 from tfdist.errors import ConfigError
 
-USAGE = "tfdist check [CONFIG] [--task TYPE:INDEX]"
-
+FLAGS_DECLARED = (cli_flags.TASK,)
+USAGE = cli_flags.usage("check", "[CONFIG]", FLAGS_DECLARED)
 
 def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:

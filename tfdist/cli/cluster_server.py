@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from absl import app
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config import load_config
 from tfdist.config.schema import TaskConfig
 from tfdist.strategy.cluster_server import run_cluster_server
 
-USAGE = "tfdist cluster-server [CONFIG] [--task TYPE:INDEX]"
-
+FLAGS_DECLARED = (cli_flags.TASK,)
+USAGE = cli_flags.usage("cluster-server", "[CONFIG]", FLAGS_DECLARED)
 
 def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:

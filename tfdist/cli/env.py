@@ -11,9 +11,11 @@ import sys
 
 from absl import app, flags
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import TaskConfig
 
-USAGE = "tfdist env [CONFIG] [--json]"
+FLAGS_DECLARED = (cli_flags.Flag("json", "bool", False, "Print the facts as one JSON object."),)
+USAGE = cli_flags.usage("env", "[CONFIG]", FLAGS_DECLARED)
 FLAGS = flags.FLAGS
 
 

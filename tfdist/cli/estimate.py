@@ -14,11 +14,28 @@ import sys
 
 from absl import app, flags
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError
 
-USAGE = ("tfdist estimate CONFIG --model module:function [--batch B] [--length L] "
-         "[--generate LENGTH] [--memory 16GiB]")
+FLAGS_DECLARED = (
+    cli_flags.Flag("model", "string", None, "The function building the model, as "
+                   "module:function (the module imported from the current directory).",
+                   metavar="module:function", required=True),
+    cli_flags.Flag("batch", "integer", None, "The global batch; default the config's (with "
+                   "--generate: the prompts generated at once, default 1).", metavar="B",
+                   lower=1),
+    cli_flags.Flag("length", "integer", None, "Training: the length each input dimension the "
+                   "model leaves open counts at (a sequence's); needed when it leaves one open.",
+                   metavar="L", lower=1),
+    cli_flags.Flag("generate", "integer", None, "Plan generation, not training, of sequences "
+                   "this many tokens long, prompt included (a KerasHub causal LM): weights, "
+                   "key/value cache and working memory per device.", metavar="LENGTH", lower=1),
+    cli_flags.Flag("memory", "string", None, "Each device's memory, as 16GiB, 512MiB or bytes "
+                   "(plan for the devices you will run on); default: this machine's (a GPU's "
+                   "memory limit or size, the RAM for CPUs).", metavar="16GiB"),
+)
+USAGE = cli_flags.usage("estimate", "CONFIG", FLAGS_DECLARED)
 FLAGS = flags.FLAGS
 
 

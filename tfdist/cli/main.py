@@ -1,8 +1,8 @@
 """The `tfdist` command: `tfdist COMMAND [ARGS] [FLAGS]`.
 
 A user's mistake ends the command with one line on stderr and exit code 2, never a traceback:
-a bad config or value, a missing argument, and a flag of another command (each command owns
-the flags `flags.COMMAND_FLAGS` gives it).
+a bad config or value, a missing argument, and a flag of another command (each command reads
+the flags its module declares, `COMMAND_FLAGS`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from absl import app, flags, logging
 
 from tfdist.cli import (check, cluster_server, env, estimate, export, launch, model_export,
                         model_server, tensorboard)
-from tfdist.cli.flags import define_flags, flags_help, owners
+from tfdist.cli import flags as cli_flags
 from tfdist.config.loader import parse_task_flag
 from tfdist.errors import TfdistError
 from tfdist.exit_codes import SIGNALLED, USAGE
@@ -30,6 +30,31 @@ COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server, 
 RENAMED = {("serve",): "cluster-server", ("plan",): "estimate",
            ("export", "serving"): "model-export"}
 """Old spellings, kept for this release (0.1) with a notice; gone in the next."""
+COMMAND_FLAGS = {name: tuple(f.name for f in command.FLAGS_DECLARED) +
+                 tuple(getattr(command, "OLD_SPELLINGS", {}))
+                 for name, command in COMMANDS.items()}
+"""The flags each command reads, its declared ones then its old spellings: a command given
+another's flag refuses it."""
+
+
+def define_flags() -> None:
+  """Defines every command's declared flags among absl's (once: a second call does nothing)."""
+  cli_flags.define({name: command.FLAGS_DECLARED for name, command in COMMANDS.items()})
+
+
+def owners() -> dict[str, tuple[str, ...]]:
+  """{flag name: the commands reading it}."""
+  found: dict[str, tuple[str, ...]] = {}
+  for command, names in COMMAND_FLAGS.items():
+    for name in names:
+      found[name] = found.get(name, ()) + (command,)
+  return found
+
+
+def described(command: str) -> list[tuple[str, str, str]]:
+  """(spelling, default, meaning) of each flag `command` reads, as its `--help` lists them."""
+  module = COMMANDS[command]
+  return cli_flags.described(module.FLAGS_DECLARED, getattr(module, "OLD_SPELLINGS", {}))
 
 
 SUMMARIES = (
@@ -60,7 +85,8 @@ def help_text(command: str | None) -> str:
   if command not in COMMANDS:
     return f"{HELP}\n\n{_usage()}"
   doc = (COMMANDS[command].__doc__ or "").strip()
-  return f"usage: {COMMANDS[command].USAGE}\n\n{doc}\n\nflags:\n{flags_help(command)}"
+  return (f"usage: {COMMANDS[command].USAGE}\n\n{doc}\n\nflags:\n"
+          f"{cli_flags.flags_help(described(command))}")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

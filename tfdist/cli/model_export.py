@@ -8,9 +8,11 @@ import pathlib
 
 from absl import app, flags
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import TaskConfig
 
-USAGE = "tfdist model-export MODEL OUT_DIR [--max-batch-size N] [--max-wait-ms MS]"
+FLAGS_DECLARED = (cli_flags.MAX_BATCH_SIZE, cli_flags.MAX_WAIT_MS)
+USAGE = cli_flags.usage("model-export", "MODEL OUT_DIR", FLAGS_DECLARED)
 FLAGS = flags.FLAGS
 
 

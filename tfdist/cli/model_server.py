@@ -13,11 +13,28 @@ import signal
 
 from absl import app, flags
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError, MissingExtraError
 
-USAGE = ("tfdist model-server MODEL --model-name NAME [--port P] [--grpc-port P] [--host H] "
-         "[--max-batch-size N] [--max-wait-ms MS] [--max-queue N] [--max-body-bytes N]")
+FLAGS_DECLARED = (
+    cli_flags.Flag("model-name", "string", None, "The model's name in its URLs "
+                   "(/v1/models/NAME), as TensorFlow Serving's --model_name.", metavar="NAME",
+                   required=True),
+    cli_flags.PORT,
+    cli_flags.GRPC_PORT,
+    cli_flags.Flag("host", "string", "127.0.0.1", "The address HTTP and gRPC listen on.",
+                   metavar="HOST"),
+    cli_flags.MAX_BATCH_SIZE,
+    cli_flags.MAX_WAIT_MS,
+    cli_flags.Flag("max-queue", "integer", 1024, "Requests waiting at most; beyond it 429 (gRPC: "
+                   "RESOURCE_EXHAUSTED). A request larger than a batch takes one place and is "
+                   "answered whole.", metavar="N", lower=1),
+    cli_flags.Flag("max-body-bytes", "integer", 64 << 20, "The largest request body or gRPC "
+                   "message; beyond it 413 (gRPC: RESOURCE_EXHAUSTED).", metavar="N", lower=1),
+)
+OLD_SPELLINGS = {"name": "model-name"}
+USAGE = cli_flags.usage("model-server", "MODEL", FLAGS_DECLARED)
 FLAGS = flags.FLAGS
 
 
@@ -25,8 +42,8 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   del task
   if len(args) != 1:
     raise app.UsageError(f"usage: {USAGE}")
-  from tfdist.cli.flags import model_name
-  name = model_name()
+  name = cli_flags.renamed_value("model-server", "model-name", "name",
+                                " (as TensorFlow Serving's --model_name)")
   if not name:
     raise ConfigError("is required: the name clients call the model by", key="--model-name")
   from tfdist.cli.models import require_model

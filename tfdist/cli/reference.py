@@ -1,4 +1,4 @@
-"""The CLI and exit-code references, generated from the flag definitions, each command's
+"""The CLI and exit-code references, generated from each command's flag declarations and
 docstring and `tfdist.exit_codes`: the docs site's `reference/cli.md` and
 `reference/exit-codes.md` are `markdown()` and `exit_codes_markdown()`, so the pages list what
 `tfdist COMMAND --help` lists, each command only its own flags.
@@ -17,8 +17,7 @@ import inspect
 from absl import flags
 
 import tfdist.exit_codes as exit_codes
-from tfdist.cli.flags import define_flags, described
-from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES
+from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES, define_flags, described
 
 
 def _cell(text: str) -> str:
@@ -31,15 +30,17 @@ def markdown() -> str:
     define_flags()
   summaries = dict(SUMMARIES)
   out = ["# Command-line reference", "",
-         "Generated from the flag definitions (`tfdist/cli/flags.py`) and each command's own "
-         "text: what `tfdist COMMAND --help` prints. Every command exits with the codes of the "
-         "[exit-code reference](exit-codes.md); a bad flag or config is one line and exit 2.", ""]
+         "Generated from each command's own flag declarations (`FLAGS_DECLARED` in "
+         "`tfdist/cli/COMMAND.py`) and text: what `tfdist COMMAND --help` prints. Every "
+         "command exits with the codes of the [exit-code reference](exit-codes.md); a bad flag "
+         "or config is one line and exit 2.", ""]
   for name, command in COMMANDS.items():
     out += [f"## `tfdist {name}`", "", summaries[name].replace("\n", " ") + ".", "",
             "```text", f"usage: {command.USAGE}", "```", "",
             inspect.cleandoc(command.__doc__ or ""), "",
             "| flag | default | meaning |", "|---|---|---|"]
-    out += [f"| `{spelling}` | `{default}` | {_cell(meaning)} |"
+    # An enum's choices as a/b/c: a pipe splits a table's cell on GitHub, in code too.
+    out += [f"| `{spelling.replace('|', '/')}` | `{default}` | {_cell(meaning)} |"
             for spelling, default, meaning in described(name)]
     out.append("")
   out += ["## Renamed commands", "",

@@ -8,10 +8,15 @@ import signal
 
 from absl import app, flags
 
+from tfdist.cli import flags as cli_flags
 from tfdist.config.schema import TaskConfig
 
 
-USAGE = "tfdist tensorboard LOG_DIR|CONFIG [--port P] [--bind-all]"
+FLAGS_DECLARED = (
+    cli_flags.PORT,
+    cli_flags.Flag("bind-all", "bool", False, "Listen on every interface, not only 127.0.0.1."),
+)
+USAGE = cli_flags.usage("tensorboard", "LOG_DIR|CONFIG", FLAGS_DECLARED)
 FLAGS = flags.FLAGS
 
 

@@ -31,12 +31,13 @@ from tfdist.errors import ConfigError
 from tfdist.exit_codes import PREEMPTED
 from tfdist.launch.plan import require_command, runs_server
 
-KINDS = ("tfjob", "jobset", "statefulset")
+KINDS = ("jobset", "tfjob", "statefulset")  # The first is the default.
 CONFIG_DIR = "/etc/tfdist"
 CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
 INDEX_ENV = "TFDIST_TASK_INDEX"
 JOB_ID_ENV = "TFDIST_JOB_ID"  # Read by the launcher (launch/plan.py new_run_name).
 DEFAULT_PORT = 2222
+DEFAULT_NAMESPACE = "default"
 _TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 # TFJob and Service names are DNS-1035 labels (a letter first); namespaces DNS-1123 labels.
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -53,7 +54,7 @@ def job_name(text: str) -> str:
 
 
 def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
-              namespace: str = "default", grpc_port: int = DEFAULT_PORT, kind: str = "jobset",
+              namespace: str = DEFAULT_NAMESPACE, grpc_port: int = DEFAULT_PORT, kind: str = KINDS[0],
               volume_claim: str | None = None, max_restarts: int = 0) -> list[dict]:
   """The documents to `kubectl apply` for `config`'s cluster.
 
