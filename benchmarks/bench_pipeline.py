@@ -61,8 +61,8 @@ def main(argv):
   placed.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0)
   measured = {}
   for variable in placed.weights + placed.optimizer.variables:
-    measured[variable.value.device] = measured.get(variable.value.device, 0) + \
-        estimates._bytes(variable)
+    held = variable.value  # What TensorFlow placed: its device and its bytes.
+    measured[held.device] = measured.get(held.device, 0) + held.numpy().nbytes
   print("\n| stage | estimated variable bytes | placed | error |\n|---|---|---|---|")
   for k, (stage, device) in enumerate(zip(plan["split"], sorted(measured))):
     error = stage.variables / measured[device] - 1

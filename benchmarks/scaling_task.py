@@ -44,7 +44,7 @@ def train(config):
 def held_bytes(model) -> int:
   """The bytes one replica of this task holds beyond the weights (the optimizer's state), from
   every variable the process holds."""
-  from tfdist.testing.memory import held_beyond_weights
+  from tfdist.testing import held_beyond_weights
   return max(held_beyond_weights(model).values())
 
 

@@ -1,5 +1,5 @@
-"""The public API (the `__all__` of `tfdist`, `tfdist.parallel`, `tfdist.serving` and
-`tfdist.launch`, and the public methods of their classes) is documented as Keras documents its
+"""The public API (the `__all__` of `tfdist`, `tfdist.parallel`, `tfdist.serving`,
+`tfdist.launch` and `tfdist.testing`, and the public methods of their classes) is documented as Keras documents its
 own: a summary line, `Args:` naming every parameter, `Returns:` where something is returned,
 `Raises:` where the function raises, and a fenced example; and every example runs."""
 
@@ -20,7 +20,7 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("tfdist", "tfdist.parallel", "tfdist.serving", "tfdist.launch")
+PACKAGES = ("tfdist", "tfdist.parallel", "tfdist.serving", "tfdist.launch", "tfdist.testing")
 EXAMPLE = re.compile(r"```python\n(.*?)```", re.S)
 
 

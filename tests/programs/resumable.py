@@ -138,7 +138,7 @@ if __name__ == "__main__":
   task = f"{config.task.type}-{config.task.index}" if config.task else "local"
   model = train(config, [Progress(task), *csv], task)
   if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
-    from tfdist.testing.memory import held_beyond_weights
+    from tfdist.testing import held_beyond_weights
     print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),
         flush=True)

@@ -41,7 +41,7 @@ def plain():
 
 def main(replicas: str, mode: str) -> None:
   import tfdist
-  from tfdist.testing.memory import held_beyond_weights
+  from tfdist.testing import held_beyond_weights
   from tests import traced
   from tests.programs import custom_loop
   config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.

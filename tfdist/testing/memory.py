@@ -21,8 +21,16 @@ def held_beyond_weights(model) -> dict[str, int]:
   Example:
 
   ```python
-  history = tfdist.fit(model_fn, x, y, config=config)
-  held_beyond_weights(history.model)   # {".../device:CPU:0": 30440, ...}
+  import keras
+  import numpy as np
+  import tfdist
+  from tfdist.testing import held_beyond_weights
+  x, y = np.random.rand(64, 4).astype("float32"), np.random.rand(64, 1).astype("float32")
+  def make_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  history = tfdist.fit(make_model, x, y, config="configs/mirrored.yaml", epochs=1,
+                       compile=dict(optimizer="adam", loss="mse"), verbose=0)
+  held_beyond_weights(history.model)   # {".../device:CPU:0": 64, ".../device:CPU:1": 64}
   ```
   """
   import tensorflow as tf
