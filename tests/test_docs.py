@@ -183,3 +183,13 @@ def test_every_environment_variable_tfdist_reads_or_sets_is_documented():
                             path.read_text()))
   missing = sorted(n for n in names if f"`{n}`" not in page)
   assert not missing, missing
+
+
+def test_the_build_notes_stay_a_record_of_decisions_a_newcomer_can_read():
+  """Decisions grouped by subsystem, current, under about 800 lines (issue 60); the module map
+  is the generated page, not a copy that drifts."""
+  text = (REPO / "BUILD_NOTES.md").read_text()
+  assert len(text.splitlines()) <= 800, "BUILD_NOTES.md: fold superseded decisions away"
+  assert "docs/reference/modules.md" in text
+  assert not re.search(r"^#+ .*(This turn|This session)", text, flags=re.M), (
+      "a section per session: group decisions by subsystem")
