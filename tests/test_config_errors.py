@@ -37,9 +37,6 @@ BAD_CONFIGS = [
      "{f}: parallel.stages: needs strategy default or multi_worker_mirrored, not mirrored: a "
      "strategy over several local devices mirrors every variable onto each, undoing the split. "
      "Received: 'balanced'"),
-    ("parallel_with_jit", "training: {jit_compile: true}\nparallel: {stages: [[0], [1]]}\n", None,
-     None, "{f}: training.jit_compile: must be false with parallel.stages: XLA compiles for one "
-     "device and cannot reach variables on another. Received: True"),
     ("unknown_training_key", "training: {epoch: 3}\n", None, None,
      "{f}: training.epoch: unknown key; the keys here are: global_batch_size, "
      "per_replica_batch_size, epochs, steps_per_epoch, steps_per_execution, jit_compile, "

@@ -46,5 +46,5 @@ def test_kerass_default_batch_that_does_not_split_over_the_replicas_is_refused_n
   tfdist.fit(_model, x, y, config=config, epochs=1, verbose=0)  # 32 over 2: fine.
   with pytest.raises(ConfigError, match=r"training.global_batch_size: is not set, and Keras's "
                                         r"default batch of 32 does not split over the 3"):
-    from tfdist.training.fit import _global_batch
-    _global_batch(None, tfdist.load_config(_CONFIG), 3, arrays=True)
+    from tfdist.training import settings
+    settings.global_batch(tfdist.load_config(_CONFIG), 3, arrays=True)

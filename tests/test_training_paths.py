@@ -393,3 +393,61 @@ def test_a_clean_end_prints_no_crash_and_a_real_crash_is_still_shown(tmp_path):
   assert process.returncode == 1, output[-3000:]
   assert "worker-1 failed first (exit code 1): the root cause" in output, output[-3000:]
   assert "RuntimeError: a bug in the user's loop" in output
+
+
+# -- one applier per training key (issue 60): read from the schema and the code's own syntax --
+
+_TRAINING_KEYS = {f"training.{name}" for name in
+                  __import__("tfdist.config.schema", fromlist=["TrainingConfig"])
+                  .TrainingConfig.__dataclass_fields__}
+_TFDIST = __import__("pathlib").Path(tfdist.__file__).parent
+
+
+def _keys_read(tree) -> set:
+  """The `training.*` keys a syntax tree reads: `<x>.training.<key>`, `training.<key>`
+  through a name bound to a config's training section, or the batch keys through
+  `batch_sizes(<x>.training, ...)` (config/batch.py: the batch's arithmetic, below training)."""
+  import ast
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) \
+        == "batch_sizes" and any(getattr(a, "attr", None) == "training" for a in node.args):
+      found |= {"training.global_batch_size", "training.per_replica_batch_size"}
+    if isinstance(node, ast.Attribute) and f"training.{node.attr}" in _TRAINING_KEYS:
+      holder = node.value
+      if (isinstance(holder, ast.Attribute) and holder.attr == "training") or \
+          (isinstance(holder, ast.Name) and holder.id == "training"):
+        found.add(f"training.{node.attr}")
+  return found
+
+
+def test_each_training_key_has_one_applier_and_only_it_reads_the_key():
+  import ast
+  assert set(settings.APPLIERS) == _TRAINING_KEYS, set(settings.APPLIERS) ^ _TRAINING_KEYS
+  tree = ast.parse((_TFDIST / "training" / "settings.py").read_text())
+  readers = {}
+  for function in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+    for key in _keys_read(function):
+      readers.setdefault(key, set()).add(function.name)
+  for key, applier in settings.APPLIERS.items():
+    assert callable(getattr(settings, applier)), applier
+    assert readers.get(key) == {applier}, (key, readers.get(key))
+
+
+@pytest.mark.parametrize("module, path", [("fit.py", honoured.FIT), ("loop.py", honoured.LOOP)])
+def test_every_training_path_calls_each_applier_and_reads_no_training_key_itself(module, path):
+  """`tfdist.fit` runs the parameter-server loop and a split model too; the loop runs under
+  parameter servers as well: each calls every applier of a key its path does not refuse."""
+  import ast
+  tree = ast.parse((_TFDIST / "training" / module).read_text())
+  called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and
+            isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and
+            node.func.value.id == "settings"}
+  needed = {applier for key, applier in settings.APPLIERS.items()
+            if path not in honoured.DECISIONS[key].refused}
+  assert needed <= called, needed - called
+  rooms = [*(_TFDIST / "training").glob("*.py"), _TFDIST / "parallel" / "split_model.py",
+           _TFDIST / "parallel" / "hybrid.py"]
+  reading = {p.name: _keys_read(ast.parse(p.read_text())) for p in rooms
+             if p.name != "settings.py"}
+  assert {name: keys for name, keys in reading.items() if keys} == {}

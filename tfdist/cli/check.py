@@ -80,7 +80,7 @@ def render(config: Config, local_gpus: int, policy=None, host_gpus=()) -> str:
     lines.append(f"GPUs of each task on this host ({','.join(host_gpus)} visible): "
                  + gpu_shares(config, host_gpus))
   if policy is not None:
-    lines.append(f"precision: mixed_precision {config.training.mixed_precision} is "
+    lines.append(f"precision: mixed_precision {policy.mode} is "
                  f"{policy.describe()} on this machine")
   return "\n".join(lines)
 
@@ -93,10 +93,8 @@ def gpu_shares(config: Config, host_gpus) -> str:
 
 
 def _policy(config: Config):
-  from tfdist.config import rules
-  from tfdist.machine.precision import policy_for
-  return policy_for(config.training.mixed_precision,
-                    loss_scaling=rules.loss_scaling(config.strategy.name))
+  from tfdist.training import settings
+  return settings.precision(config)
 
 
 def _or_unset(value):

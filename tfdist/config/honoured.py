@@ -197,7 +197,8 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_fit.py::test_single_machine_strategies_equal_one_device",)),
     "training.jit_compile": Decision(
         "the step compiled with XLA (Keras's jit_compile; the loop's step likewise)",
-        refused=_keras(),
+        refused={SPLIT: "XLA compiles for one device and cannot reach variables on another",
+                 **_keras()},
         # XLA's failures, TensorFlow 2.21: mirrored variables' placement; "Collectives are not
         # yet implemented for CPU devices when compiling with XLA"; under parameter servers
         # "Trying to access resource ... located in device /job:ps".

@@ -165,7 +165,3 @@ def _check_parallel(config: Config) -> None:
         raise ConfigError("needs parallel.stages: nothing is split without it",
                           key=f"parallel.{key}", received=getattr(config.parallel, key))
     return
-  if config.training.jit_compile:
-    raise ConfigError("must be false with parallel.stages: XLA compiles for one device and "
-                      "cannot reach variables on another", key="training.jit_compile",
-                      received=True)

@@ -11,7 +11,6 @@ import sys
 from typing import Any, Callable, Mapping
 
 from tfdist.config import strategies
-from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
@@ -152,7 +151,8 @@ class _Run:
   model: Any = None
   chosen: Any = None  # The machine.precision.Precision the model trains in.
   built_with: str = "float32"  # The user's dtype policy, given back after training.
-  fused: str | None = None
+  installed: settings.Installed = settings.Installed(fused=None, accumulation=1, averaging=None)
+  shuffle_seed: int | None = None  # training.seed: the arrays' shuffle.
   global_batch: int | None = None
   epochs: int = 1
   validation_batch: int | None = None
@@ -193,37 +193,16 @@ def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: in
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   keras_fixes.install()  # Keras's own methods on the model fixed too.
   user_files.checkpoints_on_chief_only(config)  # A script's own tf.train.Checkpoint.
-  settings.seed(config)
+  shuffle_seed = settings.seed(config)
   hybrid = _hybrid(config)
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
     import tensorflow as tf
     strategy = tf.distribute.get_strategy()
-  run = _Run(config, strategy, hybrid, epochs=epochs or config.training.epochs)
-  run.global_batch = _global_batch(batch_size, config, run.replicas, arrays)
+  run = _Run(config, strategy, hybrid, epochs=settings.epochs(config, epochs))
+  run.shuffle_seed = shuffle_seed
+  run.global_batch = settings.global_batch(config, run.replicas, batch_size, arrays)
   _build(run, model_fn, compile)
   return run
-
-
-def _global_batch(batch_size: int | None, config: Config, replicas: int,
-                  arrays: bool = False) -> int | None:
-  """The argument's global batch (checked as the config's is), else the config's, else for
-  numpy arrays Keras's default (`data.KERAS_BATCH_SIZE`, 32)."""
-  from tfdist.training import data
-  if batch_size is None:
-    configured = batch_sizes(config.training, replicas).global_batch_size
-    if configured is not None or not arrays:
-      return configured
-    if data.KERAS_BATCH_SIZE % replicas:
-      raise ConfigError(f"is not set, and Keras's default batch of {data.KERAS_BATCH_SIZE} "
-                        f"does not split over the {replicas} replicas: pass batch_size or set "
-                        "it", key="training.global_batch_size", source=config.source)
-    return data.KERAS_BATCH_SIZE
-  if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1 or \
-      batch_size % replicas:
-    raise ConfigError(f"must be a positive multiple of the {replicas} replicas (each replica "
-                      "takes an equal share of a global batch)", key="batch_size",
-                      received=batch_size)
-  return batch_size
 
 
 def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
@@ -232,14 +211,14 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   `initial_epoch`, or a backup's position when it is later."""
   from tfdist.training import checkpoints, data, report
   from tfdist.monitoring import step_times
-  config, training = run.config, run.config.training
+  config = run.config
   train_data, y = inputs.train_data, inputs.y
   run.files = checkpoints.callbacks(config, fresh=os.environ.get(FRESH_ENV) == "1")
   run.first_epoch, run.first_step = run.files[0].saved_position() if run.files else (0, 0)
   run.resumed = bool(run.first_epoch or run.first_step)
   if inputs.initial_epoch > run.first_epoch:
     run.first_epoch, run.first_step = inputs.initial_epoch, 0
-  steps_per_epoch = steps_per_epoch or training.steps_per_epoch
+  steps_per_epoch = settings.steps_per_epoch(config, steps_per_epoch)
   if steps_per_epoch and run.global_batch and data.is_arrays(train_data) and \
       not run.asynchronous:  # Keras's loop, not the parameter-server one's endless reads.
     _require_whole_epochs(steps_per_epoch, data.batch_count(
@@ -258,7 +237,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
     run.clock.time_all_reduce(run.optimizer)
   run.train = None if run.asynchronous else data.make_dataset(
       train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
-      seed=training.seed, first_epoch=run.first_epoch, epochs=None if endless else run.epochs,
+      seed=run.shuffle_seed, first_epoch=run.first_epoch, epochs=None if endless else run.epochs,
       name="train_data", sample_weight=inputs.sample_weight,
       then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
   run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
@@ -297,8 +276,8 @@ def _announce(run: _Run) -> None:
     return
   report.say(report.choices_line(
       strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
-      precision=run.chosen, steps_per_execution=run.model.steps_per_execution, fused=run.fused,
-      accumulation=config.training.gradient_accumulation_steps,
+      precision=run.chosen, steps_per_execution=run.model.steps_per_execution,
+      fused=run.installed.fused, accumulation=run.installed.accumulation,
       sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
       shuffled_arrays=run.shuffled_arrays))
   if run.resumed:
@@ -324,7 +303,7 @@ def _callbacks(run: _Run, callbacks) -> list:
     from tfdist.training import preemption
     run.files.append(preemption.Preemption(run.files[0], notice, first_step=run.first_step,
                                            say=report.say))
-  averaging = settings.averaging(run.strategy, run.config)
+  averaging = run.installed.averaging
   run.progress = progress_callbacks(run.first_epoch)
   return [*([averaging] if averaging else []), *(callbacks or [])] + tensorboard.callbacks(
       run.config, run.strategy, first_epoch=run.first_epoch, epoch_steps=run.epoch_steps,
@@ -442,7 +421,7 @@ def _build(run: _Run, model_fn, compile) -> None:
   config, strategy = run.config, run.strategy
   # Outside the scope: `auto`'s probe runs plain tensors on this process's device.
   run.chosen = settings.precision(config)
-  run.built_with = settings.given_back_policy(config, run.chosen)
+  run.built_with = settings.given_back_policy(run.chosen)
   with strategy.scope():
     with dtype_policy.building_with(run.chosen.policy):
       model = model_fn()
@@ -458,9 +437,9 @@ def _build(run: _Run, model_fn, compile) -> None:
     elif not model.compiled:
       raise ModelError("model_fn returned a model that is not compiled: compile it there or "
                        "pass compile=dict(optimizer=..., loss=...)")
-    model.jit_compile = config.training.jit_compile
+    model.jit_compile = settings.jit_compile(config)
     run.model, run.compiled_per_call = model, model.steps_per_execution
-    run.fused = settings.install_on_optimizer(
+    run.installed = settings.install_on_optimizer(
         run.optimizer, strategy, config, settings.paths_of(config, settings.FIT))
     if config.parallel.enabled:
       _split(run)
@@ -514,13 +493,13 @@ def global_batch_size(config: ConfigLike = None) -> int:
   ```
   """
   config = as_config(config)
-  if config.training.global_batch_size is None and config.training.per_replica_batch_size is None:
+  if settings.global_batch(config, 1) is None:
     raise ConfigError("is not set, so the global batch size is unknown: set it (or "
                       "training.per_replica_batch_size)", key="training.global_batch_size",
                       source=config.source)
   hybrid = _hybrid(config)
   replicas = hybrid.workers if hybrid else make_strategy(config).num_replicas_in_sync
-  return batch_sizes(config.training, replicas).global_batch_size
+  return settings.global_batch(config, replicas)
 
 
 def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: int | None = None,
@@ -687,7 +666,7 @@ def _batch(config: ConfigLike, strategy, batch_size: int | None, arrays: bool) -
   numpy arrays."""
   if batch_size:
     return batch_size
-  return _global_batch(None, as_config(config), strategy.num_replicas_in_sync, arrays)
+  return settings.global_batch(as_config(config), strategy.num_replicas_in_sync, arrays=arrays)
 
 
 def _steps_in_an_epoch(dataset, steps_per_epoch: int | None) -> int | None:

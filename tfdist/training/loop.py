@@ -50,7 +50,6 @@ import tensorflow as tf
 
 import tfdist.progress as progress
 from tfdist.config import strategies
-from tfdist.config.batch import batch_sizes
 from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.errors import ConfigError
@@ -117,15 +116,16 @@ class TrainingLoop:
     self.strategy = make_strategy(self.config)
     keras_fixes.install()  # Keras's own methods of models built in the loop's scope, fixed.
     user_files.checkpoints_on_chief_only(self.config)  # A script's own tf.train.Checkpoint.
-    settings.seed(self.config)
+    settings.seed(self.config)  # The loop shuffles no arrays: the user's dataset does.
     self.asynchronous = strategies.kind(self.config.strategy.name).asynchronous
     self.replicas = self.strategy.num_replicas_in_sync
-    self.global_batch_size = batch_sizes(self.config.training, self.replicas).global_batch_size
+    self.global_batch_size = settings.global_batch(self.config, self.replicas)
     self.is_chief = is_chief(self.config)
     self.precision = settings.precision(self.config)
-    self._built_with = settings.given_back_policy(self.config, self.precision)
+    self._built_with = settings.given_back_policy(self.precision)
     self._notice = settings.preemption_notice(self.config, self.strategy)
-    self._averaging = settings.averaging(self.strategy, self.config)
+    self._steps_per_call = settings.steps_per_execution(self.config)
+    self._averaging, self._accumulation = None, 1  # From the optimizers prepared.
     self._fused, self._sharded, self._announced, self._listening = None, None, False, False
     self.step = 0
     self._epoch, self._steps_into_epoch, self._resume_skip = 0, 0, 0
@@ -145,8 +145,8 @@ class TrainingLoop:
     report.say(report.choices_line(
         strategy_name=self.config.strategy.name, replicas=self.replicas,
         global_batch=self.global_batch_size, precision=self.precision,
-        steps_per_execution=self.config.training.steps_per_execution, fused=self._fused,
-        accumulation=self.config.training.gradient_accumulation_steps,
+        steps_per_execution=self._steps_per_call, fused=self._fused,
+        accumulation=self._accumulation,
         sharded=self._sharded))
 
   @contextlib.contextmanager
@@ -213,11 +213,14 @@ class TrainingLoop:
     variables = [v for m in models for v in m.trainable_variables]
     # Before the build (Keras makes the accumulators then); periodic averaging's own gradients
     # before the share weighting, which wraps it.
-    self._fused = settings.install_on_optimizer(optimizer, self.strategy, self.config,
-                                                self._paths) or self._fused
+    installed = settings.install_on_optimizer(optimizer, self.strategy, self.config,
+                                              self._paths)
+    self._fused = installed.fused or self._fused
+    self._accumulation = installed.accumulation
+    self._averaging = self._averaging or installed.averaging  # One over every model.
     # The loop learns an epoch's length only when it runs: a warm-up needs the config's.
     settings.learning_rate_schedule(optimizer, self.config, self.replicas,
-                                    self.config.training.steps_per_epoch)
+                                    settings.steps_per_epoch(self.config))
     if not optimizer.built:
       if not variables:
         raise ValueError("loop.prepare needs the built models an optimizer updates before it: "
@@ -266,7 +269,7 @@ class TrainingLoop:
         raise ConfigError("is needed to weigh each replica's share of a batch: set it, or "
                           "batch the dataset with a known size", key="training.global_batch_size", source=self.config.source)
     step_fn = getattr(step_fn, "python_function", step_fn)
-    steps = steps or self.config.training.steps_per_epoch
+    steps = settings.steps_per_epoch(self.config, steps)
     if self.asynchronous:
       yield from self._run_on_workers(step_fn, dataset, steps)
       return
@@ -283,7 +286,7 @@ class TrainingLoop:
     for metric in self._synced:
       metric.thaw()
     while steps is None or done < steps:
-      count = self.config.training.steps_per_execution
+      count = self._steps_per_call
       count = count if steps is None else min(count, steps - done)
       progress.begin_call(self._epoch, self._steps_into_epoch)
       try:
@@ -326,7 +329,7 @@ class TrainingLoop:
       return self._compiled[id(step_fn)]
     strategy, global_batch = self.strategy, self.global_batch_size
     scalar_keys = []  # Known once the step is traced.
-    if self.config.training.jit_compile:  # One replica (config.rules): Keras compiles its
+    if settings.jit_compile(self.config):  # One replica (config.honoured): Keras compiles its
       step_fn = tf.function(step_fn, jit_compile=True)  # step so, inside the loop of steps.
 
     def one(batch):
@@ -389,7 +392,7 @@ class TrainingLoop:
       self._worker_iterators[id(dataset)] = iter(
           self._coordinator.create_per_worker_dataset(dataset.repeat()))
     iterator = self._worker_iterators[id(dataset)]
-    per_call = self.config.training.steps_per_execution
+    per_call = self._steps_per_call
     counts = [min(per_call, steps - first) for first in range(0, steps, per_call)]
     calls = [(count, self._coordinator.schedule(self._on_a_worker(step_fn, count),
                                                 args=(iterator,))) for count in counts]
@@ -440,7 +443,7 @@ class TrainingLoop:
     Yields:
       Each epoch's index.
     """
-    count = self.config.training.epochs if count is None else count
+    count = settings.epochs(self.config, count)
     self.restore()
     self._announce()
     with contextlib.ExitStack() as stack:

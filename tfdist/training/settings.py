@@ -1,30 +1,54 @@
 """One home for applying tfdist's training settings; which path honours which key is
 `tfdist.config.honoured`'s table, read here to refuse.
 
-Every path that trains calls this module and installs nothing itself: `tfdist.fit` (Keras's
-loop), `tfdist.TrainingLoop` (a user's own step), the parameter-server coordinator loop (either
-of them under parameter_server) and a split model (`parallel:`). A setting that a path cannot
-honour is refused here, before anything is built, in one line naming the key; the others are
-applied here: the dtype policy a model is built in (and given back after), the optimizer's
-update (fused kernels, compressed all-reduce, periodic averaging, accumulation), the
-preemption notice, the steps per call.
+Every path that trains calls this module and reads no `training.*` key itself: `tfdist.fit`
+(Keras's loop), `tfdist.TrainingLoop` (a user's own step), the parameter-server coordinator
+loop (either of them under parameter_server) and a split model (`parallel:`). A setting that a
+path cannot honour is refused here, before anything is built, in one line naming the key; the
+others are applied here, each key by one function (`APPLIERS`): the global batch, the epochs
+and their steps, the steps per call, XLA, the dtype policy a model is built in (and given back
+after), the optimizer's update (fused kernels, compressed all-reduce, periodic averaging,
+accumulation, sharding), the learning-rate schedule, the seed.
 
 ```python
 paths = settings.paths_of(config, settings.LOOP)     # ("tfdist.TrainingLoop",)
 settings.refuse_unhonoured(config, paths)            # ConfigError naming the key, or nothing
 chosen = settings.precision(config)                  # the policy to build the model in
-fused = settings.install_on_optimizer(optimizer, strategy, config, paths)
+installed = settings.install_on_optimizer(optimizer, strategy, config, paths)
 ```
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from tfdist.config import honoured, rules, strategies
 from tfdist.config.honoured import FIT, KERAS, LOOP, PARAMETER_SERVER, SPLIT  # noqa: F401
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
+
+
+APPLIERS = {
+    "training.global_batch_size": "global_batch",
+    "training.per_replica_batch_size": "global_batch",
+    "training.epochs": "epochs",
+    "training.steps_per_epoch": "steps_per_epoch",
+    "training.steps_per_execution": "steps_per_execution",
+    "training.jit_compile": "jit_compile",
+    "training.mixed_precision": "precision",
+    "training.fused_optimizer": "install_on_optimizer",
+    "training.gradient_accumulation_steps": "install_on_optimizer",
+    "training.shard_optimizer": "install_on_optimizer",
+    "training.shard_gradients": "install_on_optimizer",
+    "training.gradient_compression": "install_on_optimizer",
+    "training.average_every": "install_on_optimizer",
+    "training.scale_learning_rate": "learning_rate_schedule",
+    "training.warmup_epochs": "learning_rate_schedule",
+    "training.seed": "seed",
+}
+"""Each `training.*` key and the one function of this module that applies it: every training
+path calls it (tests/test_training_paths.py checks both, from the schema)."""
 
 
 def paths_of(config: Config, main: str) -> tuple[str, ...]:
@@ -92,12 +116,59 @@ def holding_checkpoint_dir(config: Config):
       held.release()
 
 
-def seed(config: Config) -> None:
+def seed(config: Config) -> int | None:
   """Seeds Python, NumPy and TensorFlow with `training.seed` (Keras's `set_random_seed`), when
-  set: after the strategy is made (it may need TensorFlow unstarted), before any model."""
-  if config.training.seed is not None:
+  set: after the strategy is made (it may need TensorFlow unstarted), before any model.
+  Returns it, the seed of the arrays' shuffle too (None: `data`'s default)."""
+  chosen = config.training.seed
+  if chosen is not None:
     import keras
-    keras.utils.set_random_seed(config.training.seed)
+    keras.utils.set_random_seed(chosen)
+  return chosen
+
+
+def global_batch(config: Config, replicas: int, given: int | None = None,
+                 arrays: bool = False) -> int | None:
+  """The run's global batch: `given` (a `batch_size=` argument, checked as the config's is),
+  else `training.global_batch_size` or `per_replica_batch_size` x `replicas`, else for numpy
+  arrays Keras's default (`data.KERAS_BATCH_SIZE`, 32); None where only the data can say.
+
+  Raises:
+    ConfigError: a batch that does not split evenly over the replicas.
+  """
+  from tfdist.config.batch import batch_sizes
+  from tfdist.training import data
+  if given is None:
+    configured = batch_sizes(config.training, replicas).global_batch_size
+    if configured is not None or not arrays:
+      return configured
+    if data.KERAS_BATCH_SIZE % replicas:
+      raise ConfigError(f"is not set, and Keras's default batch of {data.KERAS_BATCH_SIZE} "
+                        f"does not split over the {replicas} replicas: pass batch_size or set "
+                        "it", key="training.global_batch_size", source=config.source)
+    return data.KERAS_BATCH_SIZE
+  if not isinstance(given, int) or isinstance(given, bool) or given < 1 or given % replicas:
+    raise ConfigError(f"must be a positive multiple of the {replicas} replicas (each replica "
+                      "takes an equal share of a global batch)", key="batch_size",
+                      received=given)
+  return given
+
+
+def epochs(config: Config, given: int | None = None) -> int:
+  """The epochs to train: `given` (an `epochs=` argument) wins over `training.epochs`."""
+  return config.training.epochs if given is None else given
+
+
+def steps_per_epoch(config: Config, given: int | None = None) -> int | None:
+  """Steps in an epoch: `given` (a `steps_per_epoch=`/`steps=` argument), else
+  `training.steps_per_epoch`; None where the data give it."""
+  return given or config.training.steps_per_epoch
+
+
+def jit_compile(config: Config) -> bool:
+  """Whether the training step is compiled by XLA (`training.jit_compile`; refused where a
+  strategy or a split cannot, by `config.honoured`)."""
+  return bool(config.training.jit_compile)
 
 
 def learning_rate_schedule(optimizer, config: Config, replicas: int,
@@ -151,22 +222,37 @@ def precision(config: Config):
                                   loss_scaling=rules.loss_scaling(config.strategy.name))
 
 
-def given_back_policy(config: Config, chosen) -> str:
-  """The dtype policy the run's models compute in once training ends: Keras's global policy
-  (the one the user built with) where tfdist chose a half precision itself (`auto`), else
-  `chosen`'s (a policy the user chose is kept)."""
+def given_back_policy(chosen) -> str:
+  """The dtype policy the run's models compute in once training ends, from what `precision`
+  chose: Keras's global policy now (the one the user builds with) where tfdist chose a half
+  precision itself (`auto`), else the chosen one (a policy the user chose is kept)."""
   import keras
   from tfdist.machine import precision as precision_lib
-  if config.training.mixed_precision == "auto" and chosen.policy != precision_lib.FLOAT32:
+  if chosen.mode == "auto" and chosen.policy != precision_lib.FLOAT32:
     return keras.config.dtype_policy().name
   return chosen.policy
 
 
+@dataclasses.dataclass(frozen=True)
+class Installed:
+  """What `install_on_optimizer` put on the run's optimizer.
+
+  Attributes:
+    fused: the name of the optimizer whose update is fused, or None.
+    accumulation: batches whose gradients make one update (1: none).
+    averaging: the `local_sgd.Averaging` callback periodic averaging needs, or None.
+  """
+  fused: str | None
+  accumulation: int
+  averaging: object | None
+
+
 def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, ...]
-                         ) -> str | None:
+                         ) -> Installed:
   """Applies the config's optimizer settings to `optimizer` (its inner optimizer under loss
-  scaling): fused updates, a compressed all-reduce, periodic averaging's own gradients, and
-  Keras's gradient accumulation (with tfdist's fix where the strategy needs it).
+  scaling): fused updates, a compressed all-reduce, periodic averaging (its own gradients and
+  its callback), Keras's gradient accumulation (with tfdist's fix where the strategy needs it)
+  and the sharded optimizer's stages.
 
   Args:
     optimizer: the Keras optimizer the run updates with.
@@ -175,7 +261,7 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
     paths: what `paths_of` returned.
 
   Returns:
-    The name of the optimizer whose update is fused, or None.
+    `Installed`.
   """
   from tfdist.training import fused_updates, keras_fixes
   inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -187,19 +273,22 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
   if compressed != "none":
     from tfdist.training import compression
     compression.install(inner, compressed)
+  averaging = None
   if config.training.average_every:
     from tfdist.training import local_sgd
     local_sgd.install(inner, strategy)
+    averaging = local_sgd.Averaging(strategy, config.training.average_every)
   if training.gradient_accumulation_steps > 1:
     inner.gradient_accumulation_steps = training.gradient_accumulation_steps
     if LOOP in paths:  # tfdist.fit's step loop lays accumulation out itself (keras_fixes).
       keras_fixes.accumulate_outside_cond(inner, strategy)
   if training.shard_optimizer:
-    _shard(optimizer, strategy, config)
-  return type(inner).__name__ if fused else None
+    _shard(optimizer, strategy, config, gradients=training.shard_gradients)
+  return Installed(fused=type(inner).__name__ if fused else None,
+                   accumulation=training.gradient_accumulation_steps, averaging=averaging)
 
 
-def _shard(optimizer, strategy, config: Config) -> None:
+def _shard(optimizer, strategy, config: Config, gradients: bool) -> None:
   from tfdist.training import sharded_optimizer
   why = sharded_optimizer.refusal(optimizer)
   if why is None and getattr(optimizer, "inner_optimizer", optimizer).built:
@@ -208,16 +297,7 @@ def _shard(optimizer, strategy, config: Config) -> None:
     raise ConfigError(f"cannot shard this optimizer: {why}", key="training.shard_optimizer",
                       received=type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
                       source=config.source)
-  sharded_optimizer.install(optimizer, strategy, gradients=config.training.shard_gradients)
-
-
-def averaging(strategy, config: Config):
-  """The `local_sgd.Averaging` callback of `training.average_every`, or None."""
-  every = config.training.average_every
-  if not every:
-    return None
-  from tfdist.training import local_sgd
-  return local_sgd.Averaging(strategy, every)
+  sharded_optimizer.install(optimizer, strategy, gradients=gradients)
 
 
 def preemption_notice(config: Config, strategy):
