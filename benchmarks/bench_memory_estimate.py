@@ -119,18 +119,37 @@ LENGTH = {"gpt2": 256}  # GPT-2's inputs leave the sequence length open.
 
 
 def _batch_of(model, batch, length):
-  """Random inputs and targets of the model's shapes (integers: 0 or 1)."""
+  """Random inputs and targets of the model's own symbolic shapes, an open dimension at
+  `length` (integers: 0 or 1; a sparse loss's targets: class ids, one dimension fewer)."""
   import numpy as np
   from keras import tree
-  from tfdist.parallel.step_memory import _specs
   rng = np.random.default_rng(0)
-  inputs, targets = _specs(model, batch, length)
 
-  def values(spec):
-    if spec.dtype.is_integer or spec.dtype.is_bool:
-      return rng.integers(0, 2, spec.shape.as_list()).astype(spec.dtype.as_numpy_dtype)
-    return rng.random(spec.shape.as_list(), dtype=np.float32)
-  return tree.map_structure(values, inputs), tree.map_structure(values, targets)
+  def value(shape, dtype):
+    if dtype == "bool" or np.issubdtype(np.dtype(dtype), np.integer):
+      return rng.integers(0, 2, shape).astype(dtype)
+    return rng.random(shape, dtype=np.float32)
+
+  def dims(tensor):
+    return [batch] + [length if d is None else d for d in tensor.shape[1:]]
+
+  def symbolic(name):  # A Sequential never called has its `inputs` list, not `input`.
+    try:
+      return getattr(model, name)
+    except AttributeError:
+      found = getattr(model, name + "s")
+      return found[0] if len(found) == 1 else found
+
+  x = tree.map_structure(lambda t: value(dims(t), t.dtype), symbolic("input"))
+  losses = model.loss if isinstance(model.loss, (list, tuple)) else [model.loss]
+  targets = []
+  for i, output in enumerate(tree.flatten(symbolic("output"))):
+    loss = losses[min(i, len(losses) - 1)]
+    if "sparse" in (loss if isinstance(loss, str) else type(loss).__name__).lower():
+      targets.append(value(dims(output)[:-1], "int32"))
+    else:
+      targets.append(value(dims(output), "float32"))
+  return x, targets[0] if len(targets) == 1 else targets
 
 
 def measure(name: str) -> dict:
