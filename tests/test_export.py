@@ -44,7 +44,7 @@ def test_sbatch_script_asks_one_task_per_role_and_launches_each_from_slurm(write
   (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
   assert shlex.split(srun) == [
       "srun", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdist", "launch", str(path),
-      "--backend", "slurm", "--grpc-port", "3000", "--grace-period", "80", "--", "python",
+      "--backend", "slurm", "--task-port", "3000", "--grace-period", "80", "--", "python",
       "train.py", "--lr", "0.1 0.2"]
   assert script.endswith('[ -f "tfdist-${SLURM_JOB_ID:-0}.exit" ] && status=$(cat '
                          '"tfdist-${SLURM_JOB_ID:-0}.exit") && rm -f "tfdist-${SLURM_JOB_ID:-0}'
@@ -88,7 +88,7 @@ def test_the_sbatch_notice_is_the_configs_preemption_signal(write_config):
 def test_without_a_port_each_slurm_job_gets_its_own(write_config, monkeypatch):
   config = tfdist.load_config(write_config("cluster: {worker: 2}\n"), environ={})
   script = slurm.sbatch_script(config, "c.yaml", ["python", "t.py"], job_name="run")
-  assert "--grpc-port" not in script
+  assert "--task-port" not in script
   env = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2"}
   ports = {slurm_backend.cluster_from_slurm(config, environ={**env, "SLURM_JOB_ID": job})
            .cluster.addresses["worker"][0] for job in ("1041", "1042")}
@@ -182,7 +182,7 @@ def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_p
     port = held.ports[0]
   with socket.socket() as probe:
     probe.bind(("", port + 1))
-  exported = tfdist_cli("export", "slurm", str(path), "--grpc-port", str(port), "--",
+  exported = tfdist_cli("export", "slurm", str(path), "--task-port", str(port), "--",
                         sys.executable, str(PROGRAMS / "equivalence_case.py"), "plain")
   assert exported.returncode == 0, exported.stderr
   script = tmp_path / "job.sbatch"
@@ -342,31 +342,33 @@ def test_model_export_names_a_missing_model_and_export_serving_is_its_old_spelli
                                           + missing + "\n")
 
 
-def test_grpc_port_is_the_task_servers_port_and_port_its_old_spelling_there():
+def test_task_port_is_the_task_servers_port_and_its_old_spellings_still_work_there():
   args = ("export", "slurm", "configs/multi_worker_mirrored.yaml")
-  new = tfdist_cli(*args, "--grpc-port", "3000", "--", "python", "t.py")
+  new = tfdist_cli(*args, "--task-port", "3000", "--", "python", "t.py")
   assert (new.returncode, new.stderr) == (0, "")
-  old = tfdist_cli(*args, "--port", "3000", "--", "python", "t.py")
-  assert (old.returncode, old.stdout) == (0, new.stdout)
-  assert old.stderr == ("tfdist export: --port is now spelled --grpc-port here; the old "
-                        "spelling goes in the next release\n")
-  assert "--grpc-port 3000 " in new.stdout
-  both = tfdist_cli(*args, "--port", "3000", "--grpc-port", "3001", "--", "python", "t.py")
-  assert (both.returncode, both.stderr) == (2, "tfdist export: --grpc-port: must be given "
+  assert "--task-port 3000 " in new.stdout
+  for old_name in ("--port", "--grpc-port"):
+    old = tfdist_cli(*args, old_name, "3000", "--", "python", "t.py")
+    assert (old.returncode, old.stdout) == (0, new.stdout)
+    assert old.stderr == (f"tfdist export: {old_name} is now spelled --task-port; the old "
+                          "spelling goes in the next release\n")
+  both = tfdist_cli(*args, "--port", "3000", "--task-port", "3001", "--", "python", "t.py")
+  assert (both.returncode, both.stderr) == (2, "tfdist export: --task-port: must be given "
                                             "alone; --port 3000 is its old spelling. "
                                             "Received: 3001\n")
   manifests = tfdist_cli("export", "kubernetes", "configs/multi_worker_mirrored.yaml",
-                         "--image", "i", "--volume-claim", "c", "--grpc-port", "2000", "--",
+                         "--image", "i", "--volume-claim", "c", "--task-port", "2000", "--",
                          "python", "t.py")
   assert manifests.returncode == 0, manifests.stderr
   assert "containerPort: 2000" in manifests.stdout and "2222" not in manifests.stdout
-  launch = tfdist_cli("launch", "configs/multi_worker_mirrored.yaml", "--dry-run", "--port", "3000",
-                      "--", "python", "t.py")
-  assert (launch.returncode, launch.stderr.splitlines()) == (2, [
-      "tfdist launch: --port is now spelled --grpc-port here; the old spelling goes in the next "
-      "release", "tfdist launch: --grpc-port: a local launch takes free ports, or the ports of "
-      "the cluster's addresses; leave it out (it is for --backend slurm and export). Received: "
-      "3000"])
+  for old_name in ("--port", "--grpc-port"):
+    launch = tfdist_cli("launch", "configs/multi_worker_mirrored.yaml", "--dry-run", old_name,
+                        "3000", "--", "python", "t.py")
+    assert (launch.returncode, launch.stderr.splitlines()) == (2, [
+        f"tfdist launch: {old_name} is now spelled --task-port; the old spelling goes in the "
+        "next release", "tfdist launch: --task-port: a local launch takes free ports, or the "
+        "ports of the cluster's addresses; leave it out (it is for --backend slurm and "
+        "export). Received: 3000"])
 
 
 @pytest.mark.parametrize("kind, kinds", [

@@ -80,8 +80,8 @@ def test_launch_options_take_the_task_parsed_and_port_as_grpc_ports_old_name():
 
 
 @pytest.mark.parametrize("backend,options,message", [
-    ("local", LaunchOptions(grpc_port=3000), "--grpc-port: a local launch takes free ports"),
-    ("ray", LaunchOptions(grpc_port=3000), "--grpc-port: Ray places the tasks"),
+    ("local", LaunchOptions(grpc_port=3000), "--task-port: a local launch takes free ports"),
+    ("ray", LaunchOptions(grpc_port=3000), "--task-port: Ray places the tasks"),
     ("ray", LaunchOptions(task="worker:1"), "--task: a Ray launch runs every task"),
     ("slurm", LaunchOptions(task="worker:1"), "--task: Slurm gives each srun task its role"),
 ])

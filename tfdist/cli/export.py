@@ -17,7 +17,7 @@ from tfdist.job_files import kubernetes
 FLAGS_DECLARED = (
     cli_flags.Flag("nodes", "integer", None, "slurm: nodes to spread the tasks over; default "
                    "one per task.", metavar="N", lower=1),
-    cli_flags.GRPC_PORT,
+    cli_flags.TASK_PORT,
     cli_flags.Flag("gpus-per-task", "integer", 0, "slurm: GPUs Slurm binds to each task.",
                    metavar="G", lower=0),
     cli_flags.Flag("cpus-per-task", "integer", 1, "slurm: CPUs Slurm gives each task (sites "
@@ -43,7 +43,7 @@ FLAGS_DECLARED = (
                    "PersistentVolumeClaim mounted where the config's checkpoint and TensorBoard "
                    "directories are (required when it has either).", metavar="PVC"),
 )
-OLD_SPELLINGS = {"port": "grpc-port"}
+OLD_SPELLINGS = {"port": "task-port", "grpc-port": "task-port"}
 USAGE = cli_flags.usage("export", "slurm|kubernetes CONFIG", FLAGS_DECLARED, "-- COMMAND")
 ENGINES = ("slurm", "kubernetes")
 FLAGS = flags.FLAGS
@@ -77,4 +77,4 @@ def run(args: list[str], task: TaskConfig | None) -> int:
 
 
 def _grpc_port() -> int | None:
-  return cli_flags.renamed_value("export", "grpc-port", "port", " here")
+  return cli_flags.renamed_value("export", "task-port", ("port", "grpc-port"))

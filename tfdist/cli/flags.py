@@ -73,15 +73,13 @@ TASK = Flag("task", "string", None, "The task this process runs, as TYPE:INDEX (
             "Overrides the config file's task and TF_CONFIG's.", metavar="TYPE:INDEX")
 PORT = Flag("port", "integer", None, "The port it serves HTTP on (default: a free one).",
             metavar="PORT", lower=1, upper=65535)
-GRPC_PORT = Flag(
-    "grpc-port", "integer", None, "The port the gRPC servers it starts listen on. "
-    "model-server: its own (TensorFlow Serving's PredictionService, KServe V2's "
-    "GRPCInferenceService; default: a free one; TensorFlow Serving's is 8500). launch "
-    "--backend slurm, export slurm|kubernetes: the tasks' TensorFlow servers'. Kubernetes: "
-    "every pod's (default 2222). Slurm: the first on each node, tasks sharing a node counting "
-    "up from it (default: one of the job's own, from its job id, so jobs sharing a node do not "
-    "collide). A local launch picks free ports or takes the config's addresses, and Ray's its "
-    "actors' nodes, so they refuse it.", metavar="PORT", lower=1, upper=65535)
+TASK_PORT = Flag(
+    "task-port", "integer", None, "The port each task's TensorFlow server listens on (launch "
+    "--backend slurm, export slurm|kubernetes). Kubernetes: every pod's (default 2222). Slurm: "
+    "the first on each node, tasks sharing a node counting up from it (default: one of the "
+    "job's own, from its job id, so jobs sharing a node do not collide). A local launch picks "
+    "free ports or takes the config's addresses, and Ray's its actors' nodes, so they refuse "
+    "it.", metavar="PORT", lower=1, upper=65535)
 MAX_RESTARTS = Flag(
     "max-restarts", "integer", 0, "Restarts allowed after a failure (a preemption's restart "
     "is not counted). launch: of the whole synchronous cluster, or of a failed "
@@ -153,18 +151,23 @@ def flags_help(rows: list[tuple[str, str, str]]) -> str:
                    for spelling, default, meaning in rows)
 
 
-def renamed_value(command: str, new_name: str, old_name: str, why: str = ""):
-  """`--NEW`'s value, or `--OLD`'s (its old spelling for `command`) after a one-line notice.
+def renamed_value(command: str, new_name: str, old_names: tuple[str, ...]):
+  """`--NEW`'s value, or an old spelling's (for `command`) after a one-line notice.
 
   Raises:
-    ConfigError: both are given and differ.
+    ConfigError: the new and an old spelling, or two old ones, are given and differ.
   """
-  new, old = flags.FLAGS[new_name], flags.FLAGS[old_name]
-  if not old.present:
+  new = flags.FLAGS[new_name]
+  given = [(f"--{name}", flags.FLAGS[name].value) for name in old_names
+           if flags.FLAGS[name].present]
+  if not given:
     return new.value
-  if new.present and new.value != old.value:
-    raise ConfigError(f"must be given alone; --{old_name} {old.value} is its old spelling",
-                      key=f"--{new_name}", received=new.value)
-  print(f"tfdist {command}: --{old_name} is now spelled --{new_name}{why}; the old spelling "
-        "goes in the next release", file=sys.stderr, flush=True)
-  return old.value
+  values = {value for _, value in given} | ({new.value} if new.present else set())
+  if len(values) > 1:
+    spelt = ", ".join(f"{name} {value}" for name, value in given)
+    raise ConfigError(f"must be given alone; {spelt} is its old spelling",
+                      key=f"--{new_name}", received=new.value if new.present else None)
+  for name, _ in given:
+    print(f"tfdist {command}: {name} is now spelled --{new_name}; the old spelling goes in "
+          "the next release", file=sys.stderr, flush=True)
+  return given[0][1]

@@ -62,11 +62,11 @@ FLAGS_DECLARED = (
                    "(for engines that restart exited containers, like StatefulSets)."),
     cli_flags.Flag("tensorboard", "bool", False, "Start TensorBoard on the config's "
                    "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL."),
-    cli_flags.GRPC_PORT,
+    cli_flags.TASK_PORT,
     cli_flags.Flag("slurm", "bool", False, "The old spelling of --backend slurm (a notice; gone "
                    "in the next release)."),
 )
-OLD_SPELLINGS = {"port": "grpc-port"}
+OLD_SPELLINGS = {"port": "task-port", "grpc-port": "task-port"}
 USAGE = cli_flags.usage("launch", "CONFIG", FLAGS_DECLARED, "-- COMMAND")
 FLAGS = flags.FLAGS
 
@@ -78,7 +78,8 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   if not args:
     raise app.UsageError(f"usage: {USAGE}")
   options = LaunchOptions(
-      task=task, backend=_backend(), grpc_port=cli_flags.renamed_value("launch", "grpc-port", "port", " here"), fresh=FLAGS.fresh,
+      task=task, backend=_backend(), fresh=FLAGS.fresh,
+      grpc_port=cli_flags.renamed_value("launch", "task-port", ("port", "grpc-port")),
       max_restarts=FLAGS["max-restarts"].value, startup_timeout=FLAGS["startup-timeout"].value,
       heartbeat_timeout=FLAGS["heartbeat-timeout"].value,
       hang_timeout=FLAGS["hang-timeout"].value,

@@ -22,7 +22,10 @@ FLAGS_DECLARED = (
                    "(/v1/models/NAME), as TensorFlow Serving's --model_name.", metavar="NAME",
                    required=True),
     cli_flags.PORT,
-    cli_flags.GRPC_PORT,
+    cli_flags.Flag("grpc-port", "integer", None, "The port it serves gRPC on (TensorFlow "
+                   "Serving's PredictionService, KServe V2's GRPCInferenceService; default: a "
+                   "free one; TensorFlow Serving's is 8500).", metavar="PORT", lower=1,
+                   upper=65535),
     cli_flags.Flag("host", "string", "127.0.0.1", "The address HTTP and gRPC listen on.",
                    metavar="HOST"),
     cli_flags.MAX_BATCH_SIZE,
@@ -42,8 +45,7 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   del task
   if len(args) != 1:
     raise app.UsageError(f"usage: {USAGE}")
-  name = cli_flags.renamed_value("model-server", "model-name", "name",
-                                " (as TensorFlow Serving's --model_name)")
+  name = cli_flags.renamed_value("model-server", "model-name", ("name",))
   if not name:
     raise ConfigError("is required: the name clients call the model by", key="--model-name")
   from tfdist.cli.models import require_model

@@ -73,7 +73,7 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
   # The launcher gives a task most of the notice to save its backup before killing it.
   grace = max(notice - 10, 5) if notice else 25  # Slurm's KillWait: 30 s by default.
   launch = [python, "-m", "tfdist", "launch", os.path.abspath(config_path), "--backend", "slurm",
-            *(["--grpc-port", str(grpc_port)] if grpc_port else []),
+            *(["--task-port", str(grpc_port)] if grpc_port else []),
             "--grace-period", str(grace), "--", *command]
   lines += [
       "set -uo pipefail",

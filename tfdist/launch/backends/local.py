@@ -25,7 +25,7 @@ def discover(config, options, environ: Mapping[str, str]) -> Discovery:
   if options.grpc_port is not None:
     raise ConfigError("a local launch takes free ports, or the ports of the cluster's "
                       "addresses; leave it out (it is for --backend slurm and export)",
-                      key="--grpc-port", received=options.grpc_port)
+                      key="--task-port", received=options.grpc_port)
   return Discovery(config, options.task)
 
 

@@ -59,7 +59,7 @@ def discover(config: Config, options, environ: Mapping[str, str]) -> Discovery:
 
   Raises:
     ConfigError: Ray is not installed, no Ray cluster answers at `RAY_ADDRESS`, the config
-      gives addresses, `--task` or `--grpc-port` (Ray places the tasks), or the cluster lacks
+      gives addresses, `--task` or `--task-port` (Ray places the tasks), or the cluster lacks
       the resources.
   """
   if options.task is not None:
@@ -67,7 +67,7 @@ def discover(config: Config, options, environ: Mapping[str, str]) -> Discovery:
                       key="--task", received=str(options.task))
   if options.grpc_port is not None:
     raise ConfigError("Ray places the tasks and picks a free port on each one's node; leave "
-                      "it out", key="--grpc-port", received=options.grpc_port)
+                      "it out", key="--task-port", received=options.grpc_port)
   if config.cluster.has_addresses:
     raise ConfigError("give the cluster by counts (worker: 2): Ray places the tasks and gives "
                       "their addresses", key="cluster", source=config.source,

@@ -7,7 +7,7 @@ names as text, so `node[9-10]` gave rank 0 on node9 the address of node10): rank
 node by node (block distribution), ports counted up from the job's port on each node, and the
 ranks handed to the jobs in the order chief, evaluator, ps, worker.
 
-Each job gets its own ports unless `--grpc-port` says otherwise (two jobs sharing a node both on
+Each job gets its own ports unless `--task-port` says otherwise (two jobs sharing a node both on
 2222 fail: "Could not start gRPC server"); the job's exit code is its root cause's, which the
 first failing task writes to `tfdist-<job id>.exit` for the batch script to return.
 """
