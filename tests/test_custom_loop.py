@@ -154,13 +154,13 @@ def test_the_docs_loop_runs_as_written_under_mirrored(tmp_path):
   assert len(accuracies) == 5 and accuracies[-1] > 0.8, output[-3000:]
 
 
-def small_loop(checkpoint_dir=None):
+def small_loop(checkpoint_dir=None, **checkpoint):
   import keras
   import tensorflow as tf
   import tfdist
   loop = tfdist.TrainingLoop({"strategy": "default", "training": TRAINING,
-                              "checkpoint": {"dir": str(checkpoint_dir)} if checkpoint_dir
-                              else {}})
+                              "checkpoint": {"dir": str(checkpoint_dir), **checkpoint}
+                              if checkpoint_dir else {}})
   with loop.scope():
     keras.utils.set_random_seed(5)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2)])
@@ -195,6 +195,23 @@ def test_each_run_is_a_pass_over_the_data_and_a_mid_epoch_save_resumes_at_its_ba
     list(loop.run(step, dataset))
   assert loop.step == 24
   assert_same([w.numpy() for w in model.weights], uninterrupted, atol=1e-6)
+
+
+def test_a_step_backup_at_an_epochs_end_is_the_epochs_checkpoint_not_a_second_save(
+    tmp_path, monkeypatch):
+  """Epochs of 8 steps in calls of 3, 3 and 2, backups every 4 steps: TensorFlow is asked for
+  each step's checkpoint once (the second epoch's steps 14 and 16)."""
+  import tensorflow as tf
+  asked, save = [], tf.train.CheckpointManager.save
+
+  def recorded(manager, checkpoint_number=None, **kwargs):
+    asked.append(int(checkpoint_number))
+    return save(manager, checkpoint_number=checkpoint_number, **kwargs)
+  monkeypatch.setattr(tf.train.CheckpointManager, "save", recorded)
+  loop, _, step, dataset = small_loop(tmp_path, backup_every_steps=4)
+  for _ in loop.epochs(2):
+    list(loop.run(step, dataset))
+  assert asked == [6, 8, 14, 16]
 
 
 def test_prepare_says_what_it_takes():

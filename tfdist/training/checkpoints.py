@@ -206,7 +206,10 @@ def weights_copy(model) -> dict:
       return self
 
     def __setitem__(self, key, value):
-      self._entry[key] = np.array(keras.ops.convert_to_numpy(value), copy=True)
+      array = keras.ops.convert_to_numpy(value)  # TensorFlow's: a copy of the variable's.
+      # A view, or an array handed through, would change with the next step: copy it then.
+      self._entry[key] = array if array is not value and array.flags.owndata else \
+          np.array(array, copy=True)
 
   copy = Copy()
   saving_lib._save_state(model, weights_store=copy, assets_store=None, inner_path="",

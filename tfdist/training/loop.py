@@ -297,7 +297,9 @@ class TrainingLoop:
         break
       progress.finish_call(self._steps_into_epoch + int(ran), _OWN_LOOP)
       done += int(ran)
-      self._after_call(int(ran))
+      # The run's last call ends the epoch under `epochs`, whose checkpoint follows at once.
+      self._after_call(int(ran), epoch_ends=self._within_epochs and (
+          int(ran) < count or (steps is not None and done >= steps)))
       yield from _each_step(_numpy(scalars), _numpy(tensors), int(ran))
       if int(ran) < count:
         break
@@ -528,9 +530,10 @@ class TrainingLoop:
     self.step += steps
     self._steps_into_epoch += steps
 
-  def _after_call(self, steps: int) -> None:
+  def _after_call(self, steps: int, epoch_ends: bool = False) -> None:
     """After each call of the compiled steps: the step counted, the replicas averaged when
-    due (`training.average_every`), and a termination notice acted on (every worker asks)."""
+    due (`training.average_every`), a termination notice acted on (every worker asks), and a
+    step backup saved when due (not at an epoch's end: the epoch's checkpoint is that step's)."""
     self._advance(steps)
     if self._averaging is not None:
       if not self._averaging.begun:
@@ -540,7 +543,8 @@ class TrainingLoop:
     if self._listening and self._notice.stop_now():
       self._preempted()
     every = 0 if self.asynchronous else self.config.checkpoint.backup_every_steps
-    if every and self._steps_into_epoch // every != (self._steps_into_epoch - steps) // every:
+    if every and not epoch_ends and \
+        self._steps_into_epoch // every != (self._steps_into_epoch - steps) // every:
       self._save(background=True)  # Every task at the same step: a save may be a collective.
 
   def _preempted(self) -> None:
