@@ -23,6 +23,7 @@ from tfdist.errors import ConfigError
 FLAGS_DECLARED = (cli_flags.TASK,)
 USAGE = cli_flags.usage("check", "[CONFIG]", FLAGS_DECLARED)
 
+
 def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:
     raise app.UsageError(f"usage: {USAGE}")

@@ -13,6 +13,7 @@ from tfdist.strategy.cluster_server import run_cluster_server
 FLAGS_DECLARED = (cli_flags.TASK,)
 USAGE = cli_flags.usage("cluster-server", "[CONFIG]", FLAGS_DECLARED)
 
+
 def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:
     raise app.UsageError(f"usage: {USAGE}")

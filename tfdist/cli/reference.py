@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 import inspect
 
-from absl import flags
-
 import tfdist.exit_codes as exit_codes
 from tfdist.cli.main import COMMANDS, RENAMED, SUMMARIES, define_flags, described
 
@@ -26,8 +24,7 @@ def _cell(text: str) -> str:
 
 def markdown() -> str:
   """The CLI reference page, in Markdown: per command its usage, what it does and its flags."""
-  if "task" not in flags.FLAGS:
-    define_flags()
+  define_flags()  # Once: a second call defines nothing.
   summaries = dict(SUMMARIES)
   out = ["# Command-line reference", "",
          "Generated from each command's own flag declarations (`FLAGS_DECLARED` in "

@@ -493,7 +493,7 @@ def global_batch_size(config: ConfigLike = None) -> int:
   ```
   """
   config = as_config(config)
-  if settings.global_batch(config, 1) is None:
+  if settings.global_batch(config, 1) is None:  # Neither batch key set: the data decide.
     raise ConfigError("is not set, so the global batch size is unknown: set it (or "
                       "training.per_replica_batch_size)", key="training.global_batch_size",
                       source=config.source)
