@@ -7,7 +7,10 @@ for comparison, restarting the same 3 (`--max-restarts 1`, the worker failing on
 Per-host launches meeting at the chief's launcher (`--rendezvous-port`), one per worker on
 127.0.0.1: from worker-2's launcher stopped (SIGTERM), or it and its task killed -9, to the
 chief's next epoch with 2, and from the chief's "taking it in" line to worker-2 training again.
-Steps redone after a kill -9: `benchmarks/bench_step_backups.py`.
+
+A kill -9 on each backend (`benchmarks/recovery.py`): a 2-worker launch, backups every 3
+steps, worker-1 killed after step 5 of epoch 3 (on Ray its actor, as when its node is lost):
+seconds to training again and steps redone, local and on a Ray head started here.
 
   python -m benchmarks.bench_elastic [--rounds 2]
 """
@@ -22,6 +25,8 @@ import threading
 import time
 
 from absl import app, flags
+
+from benchmarks import recovery
 
 flags.DEFINE_integer("rounds", 2, "Launches of each way; the median is shown.")
 FLAGS = flags.FLAGS
@@ -114,11 +119,8 @@ def per_host(killed: bool = False) -> tuple[float, float]:
         hosts[2].process.send_signal(signal.SIGTERM)
       going = hosts[0].wait_for(r"going on without it")
       again = hosts[0].wait_for(r"\[worker-0\] EPOCH_BEGIN", after=going) - stopped
-      if killed:  # Its kill cost two restarts (the cluster's, then going on): none to grow.
-        for h in hosts[:2]:
-          h.process.wait(300)
-        return again, float("nan")
       back = host(2)
+      hosts.append(back)
       taking = hosts[0].wait_for(r"taking it in as an epoch begins")
       grown = back.wait_for(r"\[worker-2\] EPOCH_BEGIN") - taking
       for h in (hosts[0], hosts[1], back):
@@ -149,7 +151,16 @@ def main(argv):
   killed = [per_host(killed=True) for _ in range(FLAGS.rounds)]
   rows.append(_row("per host: its launcher and task killed -9, the 2 others training again "
                    "(silence limit 10 s)", [a for a, _ in killed]))
+  rows.append(_row("per host: killed -9, back, from the chief's taking-in line to it training",
+                   [g for _, g in killed]))
   print("\n".join(rows))
+  print("\n| kill -9 of worker-1, backups every 3 steps | seconds to training again | steps "
+        "redone |\n|---|---|---|")
+  local = [recovery.kill9(3) for _ in range(FLAGS.rounds)]
+  with recovery.ray_head() as address:
+    ray = [recovery.kill9(3, ray_address=address) for _ in range(FLAGS.rounds)]
+  for label, runs in (("local", local), ("Ray (its actor killed)", ray)):
+    print(f"{_row(label, [s for s, _ in runs])} {', '.join(str(r) for _, r in runs)} |")
 
 
 if __name__ == "__main__":

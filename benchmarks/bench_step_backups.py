@@ -6,32 +6,24 @@ process, epochs of 200 steps, backing up at epoch ends only (0) against every 10
 steps, interleaved; and plain Keras's own BackupAndRestore, which writes in the step
 (`save_freq`), epoch-only against every 20 steps, for comparison.
 
-Recovery: a local 2-worker launch of tests/programs/resumable.py (`--max-restarts 1`,
-epochs of 8 steps, 0.2 s a step) whose worker-1 is killed -9 after step 5 of epoch 3: seconds
-from the kill to the chief's first step after the restart, and the steps redone (the steps
-done at the kill less the step resumed at), with backups at epoch ends only and every 3 steps.
+Recovery (`benchmarks/recovery.py`): a local 2-worker launch whose worker-1 is killed -9
+after step 5 of epoch 3: seconds from the kill to the chief's first step after the restart,
+and the steps redone, with backups at epoch ends only and every 3 steps.
 
   python -m benchmarks.bench_step_backups [--rounds 3] [--recovery_rounds 2]
 """
 
-import os
-import re
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 from absl import app, flags
 
-from benchmarks import common
+from benchmarks import common, recovery
 
 flags.DEFINE_integer("rounds", 3, "Fits of each cost contender; the median is shown.")
 flags.DEFINE_integer("recovery_rounds", 2, "Launches of each recovery contender.")
 FLAGS = flags.FLAGS
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS, _BATCH, _EPOCHS = 200, 64, 3
 
 
@@ -60,43 +52,6 @@ def _keras_fit(save_freq) -> float:
   return len(x) / min(timer.seconds)
 
 
-def _recovery(every: int) -> tuple[float, int]:
-  """(seconds from the kill to training again, steps redone) of one launch."""
-  with tempfile.TemporaryDirectory() as tmp:
-    config = os.path.join(tmp, "config.yaml")
-    with open(config, "w") as out:
-      out.write("cluster: {worker: 2}\n"
-                f"checkpoint: {{dir: {tmp}/checkpoints, backup_every_steps: {every}}}\n")
-    env = {**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "STEP_LINES": "1",
-           "TMPDIR": tmp}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tfdist", "launch", config, "--logs", f"{tmp}/logs",
-         "--max-restarts", "1", "--grace-period", "3", "--", sys.executable,
-         os.path.join(_REPO, "tests", "programs", "resumable.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True)
-    killed = resumed = pid = None
-    try:
-      for line in process.stdout:
-        if pid is None and (started := re.search(r"worker-1 started \(pid (\d+)\)", line)):
-          pid = int(started[1])
-        elif killed is None and "[worker-0] STEP 2 5" in line:
-          os.kill(pid, signal.SIGKILL)  # Its process group's leader: the task itself.
-          killed = time.monotonic()
-        elif killed is not None and (found := re.search(r"resuming at epoch (\d+) of \d+"
-                                                        r"(?:, step (\d+))?", line)):
-          resumed = (int(found[1]) - 1, int(found[2] or 1) - 1)
-        elif killed is not None and re.search(r"\[worker-0\] STEP \d+ \d+", line):
-          seconds = time.monotonic() - killed
-          done = 5 + 8 * 2  # Steps done at the kill: epochs 0 and 1, 5 of epoch 2.
-          redone = done - (8 * resumed[0] + resumed[1]) if resumed else done
-          return seconds, redone
-      raise RuntimeError("the launch did not train again")
-    finally:
-      os.killpg(process.pid, signal.SIGKILL)
-      process.wait()
-
-
 def main(argv):
   del argv
   costs = common.interleave({
@@ -112,7 +67,7 @@ def main(argv):
   print(common.table(keras_costs, "Keras BackupAndRestore, epoch"))
   print("| backups | seconds from kill -9 to training again | steps redone |\n|---|---|---|")
   for every in (0, 3):
-    runs = [_recovery(every) for _ in range(FLAGS.recovery_rounds)]
+    runs = [recovery.kill9(every) for _ in range(FLAGS.recovery_rounds)]
     print(f"| {'epoch ends' if every == 0 else f'every {every} steps'} | "
           f"{statistics.median(s for s, _ in runs):.1f} ({', '.join(f'{s:.1f}' for s, _ in runs)})"
           f" | {', '.join(str(r) for _, r in runs)} |")

@@ -78,6 +78,23 @@ CASES = [
     (NewRound(3, ("worker-1",)), Budget(1, THREE, 2, follows="worker-1"),
      End(TASK_FAILED, "the cluster went on without worker-1 (round 3)")),
     (NewRound(4, (), (OK, "done")), Budget(1, THREE, 2, follows="worker-1"), End(OK, "done")),
+    # A host lost while the round after a restart is being opened (its peers' failure came
+    # first) joins that restart: one fault, one restart.
+    (Left(("worker-2",), "its launcher went silent"),
+     Budget(2, THREE, min_workers=2, between_rounds=True), GoOnWithout(("worker-2",), 2)),
+    # A task whose failures caused its share of restarts (--max-restarts-per-task) is treated
+    # as with none left: dropped while the minimum remain, else the end; the others' failures
+    # still restart.
+    (Failed("worker-2", 1, "failed (exit code 1)"),
+     Budget(3, THREE, 2, task_restarts=(("worker-2", 1),), max_task_restarts=1),
+     GoOnWithout(("worker-2",), 3)),
+    (Failed("worker-2", 1, "failed (exit code 1)"),
+     Budget(3, THREE, task_restarts=(("worker-2", 1),), max_task_restarts=1),
+     End(TASK_FAILED, "worker-2 failed (exit code 1); its failures caused the 1 restart(s) one "
+                      "task may cause (--max-restarts-per-task)")),
+    (Failed("worker-1", 1, "failed (exit code 1)"),
+     Budget(3, THREE, task_restarts=(("worker-2", 1),), max_task_restarts=1),
+     RestartCluster(2, "training resumes from its backup")),
 ]
 
 

@@ -321,3 +321,40 @@ def test_a_worker_back_resumes_from_the_clusters_newest_backup_not_its_own_older
     np.testing.assert_array_equal(got, want)
   ahead, _ = backup_of(0, None, None, None)  # Its own is the newest: kept.
   assert ahead.saved_position() == (3, 2)
+
+
+def test_the_backups_and_the_preemption_save_count_a_resumed_epochs_steps_once(tmp_path):
+  """One count of where training stands (`Backup.position`): resumed 4 steps into epoch 2 of
+  10-step epochs, this fit's epoch is 6 calls; call 2 ends at step 7, the last call at the next
+  epoch's start, and the epoch after counts from 0. A preemption notice in the resumed epoch
+  saves at that same step (hand computations)."""
+  import keras
+  from tfdist.training import checkpoints, preemption
+  config = tfdist.load_config({"checkpoint": {"dir": str(tmp_path)}}, environ={})
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  model.compile("sgd", "mse")
+  backup = checkpoints.Backup(config)
+  backup.set_model(model)
+  backup.within_epochs(10, first_step=4)
+  backup.on_epoch_begin(2)
+  assert backup.position(2, steps=6) == (2, 7)
+  assert backup.position(5, steps=6) == (3, 0)
+
+  class Noticed:
+    def stop_now(self):
+      return True
+
+    def exit_preempted(self, where, say):
+      saved.append(where)
+
+  saved = []
+  save_position = backup.save_position
+  backup.save_position = lambda epoch, step: saved.append((epoch, step))
+  callback = preemption.Preemption(backup, Noticed())
+  callback.set_params({"steps": 6})
+  callback.on_train_batch_end(2)
+  assert saved == [(2, 7), "epoch 3, step 7"]
+  backup.save_position = save_position
+  backup.on_epoch_end(2)
+  backup.on_epoch_begin(3)
+  assert backup.position(2, steps=10) == (3, 3)

@@ -252,3 +252,25 @@ def test_a_launch_of_several_cpu_workers_on_one_host_advises_one_worker_with_eve
   with_gpus = plan_launch(config, "c.yaml", ["python", "t.py"], log_dir="logs", ports=[1, 2],
                           gpus=["0", "1"])
   assert with_gpus.advice == ()
+
+
+def test_a_task_past_its_restarts_per_task_ends_the_launch_while_the_clusters_are_left(
+    write_config, tmp_path):
+  """`--max-restarts-per-task 1` within `--max-restarts 3`: worker-1 failing at every start
+  causes one restart, and its second failure ends the launch naming the flag, the cluster's
+  budget not spent. The tasks import no TensorFlow: worker-1 exits 3, worker-0 waits."""
+  path = write_config("cluster: {worker: 2}\n")
+  task = ("import json, os, sys, time; t = json.loads(os.environ['TF_CONFIG'])['task']; "
+          "print('START', t['index'], flush=True); "
+          "sys.exit(3) if t['index'] == 1 else time.sleep(60)")
+  launcher = start_launch(str(path), "--max-restarts", "3", "--max-restarts-per-task", "1",
+                          "--grace-period", "1", "--logs", str(tmp_path / "logs"), "--verbose",
+                          "--", sys.executable, "-c", task)
+  output = finish(launcher, 120, [])
+  assert launcher.returncode == 1, output[-3000:]
+  assert output.count("[worker-1] START 1") == 2, output[-3000:]
+  assert output.count("restarting the whole cluster (2 restart(s) left after this)") == 1
+  assert "worker-1 may cause no more restarts (--max-restarts-per-task): stopping every task" \
+      in output, output[-3000:]
+  assert "its failures caused the 1 restart(s) one task may cause (--max-restarts-per-task); " \
+         "exit code 1" in output, output[-3000:]

@@ -270,10 +270,10 @@ def test_a_task_whose_input_delivered_gets_the_grace_period_though_its_beat_says
   "start" can be an epoch late. Measured in the per-host elastic test: the stopped host's task
   was SIGKILLed at once and lost the save its peers made."""
   import json
-  from tfdist.launch import liveness, supervisor
+  from tfdist.launch import liveness, processes
   from tfdist.launch.plan import ProcessPlan
   path = tmp_path / ".worker-0.heartbeat"
   path.write_text(json.dumps(beat))
   plan = ProcessPlan(None, ("python",), ((liveness.HEARTBEAT_ENV, str(path)),),
                      str(tmp_path / "log"), False, None)
-  assert supervisor._began_training(supervisor.Running(plan, None, None)) is began
+  assert processes.began_training(processes.Running(plan, None, None)) is began

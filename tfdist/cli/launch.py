@@ -27,6 +27,11 @@ FLAGS_DECLARED = (
     cli_flags.Flag("fresh", "bool", False, "Start training over, ignoring the backup of an "
                    "earlier run (restarts within this launch still resume)."),
     cli_flags.MAX_RESTARTS,
+    cli_flags.Flag("max-restarts-per-task", "integer", None, "The restarts one task's failures "
+                   "may cause, within --max-restarts (a flapping host does not spend the "
+                   "cluster's budget; torchrun counts each agent's): a task failing past it is "
+                   "dropped (--min-workers) or ends the launch; default: only --max-restarts "
+                   "counts.", metavar="N", lower=0),
     cli_flags.Flag("startup-timeout", "float", 120, "Seconds for every task's server to come up "
                    "before the launch fails naming the missing tasks.", metavar="S", lower=1),
     cli_flags.Flag("heartbeat-timeout", "float", 60, "Seconds a task may go without a heartbeat "
@@ -80,7 +85,9 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   options = LaunchOptions(
       task=task, backend=_backend(), fresh=FLAGS.fresh,
       grpc_port=cli_flags.renamed_value("launch", "task-port", ("port", "grpc-port")),
-      max_restarts=FLAGS["max-restarts"].value, startup_timeout=FLAGS["startup-timeout"].value,
+      max_restarts=FLAGS["max-restarts"].value,
+      max_restarts_per_task=FLAGS["max-restarts-per-task"].value,
+      startup_timeout=FLAGS["startup-timeout"].value,
       heartbeat_timeout=FLAGS["heartbeat-timeout"].value,
       hang_timeout=FLAGS["hang-timeout"].value,
       epoch_end_timeout=FLAGS["epoch-end-timeout"].value,

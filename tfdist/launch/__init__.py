@@ -1,6 +1,8 @@
 """`tfdist launch`, as a library: a cluster's backend (backends/), its processes planned as data
-(plan.py), then started and supervised (supervisor.py: detectors report events, decisions.py
-picks the action), in one call.
+(plan.py), then started and supervised in one loop (supervisor.py): the detectors (detectors.py)
+and the membership (membership.py: alone, or a per-host elastic launch's rendezvous) report
+events, decisions.py picks each action, processes.py starts and stops the tasks, narration.py
+says what happened; in one call.
 
 Takes: a config file, the user's command and `LaunchOptions`. Gives: `launch` an `Outcome`
 (the exit code of `tfdist.exit_codes`, the root cause's line, every task failure), every task's

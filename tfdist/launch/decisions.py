@@ -19,7 +19,9 @@ from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FA
 
 
 class State(enum.Enum):
-  """A launch's states, in order; a restart goes back to STARTING."""
+  """A launch's states, in order; a restart goes back through WAITING to STARTING."""
+  JOINING = "joining"  # A following launcher awaits the chief's round that takes it in.
+  WAITING = "waiting"  # No task running: the next round awaited (at once when alone).
   STARTING = "starting"  # Processes started; every task's server awaited (start-up deadline).
   RUNNING = "running"  # Every server up: exits, heartbeats, hangs and signals followed.
   STOPPING = "stopping"  # A signal forwarded to every task; SIGKILL after the grace period.
@@ -181,6 +183,11 @@ class Budget:
       per-host elastic launch, `rendezvous`): its task's failures are the chief's to decide.
     anchor: the task whose launcher keeps the rendezvous: never dropped (its launcher is the
       members' meeting place).
+    between_rounds: no task runs (the next round is being opened): a launcher lost now joins
+      the restart under way instead of taking one of its own.
+    task_restarts: (task, restarts its failures caused so far), for the tasks that caused any.
+    max_task_restarts: the restarts one task's failures may cause (`--max-restarts-per-task`);
+      None: only `restarts_left` counts.
   """
   restarts_left: int
   workers: tuple[str, ...] = ()
@@ -188,6 +195,14 @@ class Budget:
   lost: tuple[str, ...] = ()
   follows: str | None = None
   anchor: str | None = None
+  between_rounds: bool = False
+  task_restarts: tuple[tuple[str, int], ...] = ()
+  max_task_restarts: int | None = None
+
+  def task_spent(self, task: str) -> bool:
+    """Whether `task`'s failures caused all the restarts one task may cause."""
+    return self.max_task_restarts is not None and \
+        dict(self.task_restarts).get(task, 0) >= self.max_task_restarts
 
 
 def decide(event: Event, budget: Budget) -> Action:
@@ -201,7 +216,9 @@ def decide(event: Event, budget: Budget) -> Action:
   launch ends (1; 42 after a preemption). A worker whose launcher left or went silent is
   dropped at once while `min_workers` remain (its host cannot run it), taking a restart if one
   is left; one whose launcher is back is taken in if a restart is left (membership changes
-  count against `--max-restarts`, as in torchrun). A launcher that follows the chief's rounds
+  count against `--max-restarts`, as in torchrun; one lost while the next round is being
+  opened joins that restart). A task whose failures caused `--max-restarts-per-task` restarts
+  is treated as with no restarts left. A launcher that follows the chief's rounds
   reports its task's failure or preemption and follows the next round; dropped from it, it
   ends (1).
 
@@ -225,7 +242,7 @@ def decide(event: Event, budget: Budget) -> Action:
   if isinstance(event, Left):
     remaining = len([w for w in budget.workers if w not in event.tasks])
     if budget.min_workers is not None and remaining >= budget.min_workers:
-      return GoOnWithout(event.tasks, max(left - 1, 0))
+      return GoOnWithout(event.tasks, left if budget.between_rounds else max(left - 1, 0))
     return End(TASK_FAILED, f"{', '.join(event.tasks)} left ({event.why})")
   if isinstance(event, HostBack):
     if left <= 0:
@@ -248,7 +265,8 @@ def decide(event: Event, budget: Budget) -> Action:
     if left <= 0:
       return End(TASK_FAILED, f"{event.task} {event.how}")
     return RestartTask(event.task, left - 1)
-  if left > 0:
+  spent = budget.task_spent(event.task)
+  if left > 0 and not spent:
     if event.alone:
       return RestartTask(event.task, left - 1)
     return RestartCluster(left - 1, "training resumes from its backup")
@@ -256,8 +274,12 @@ def decide(event: Event, budget: Budget) -> Action:
       event.task != budget.anchor:
     remaining = len(budget.workers) - 1
     if remaining >= budget.min_workers:
-      return GoOnWithout((event.task,), 0)
+      return GoOnWithout((event.task,), left)
     lost = ", ".join((*budget.lost, event.task))
     return End(TASK_FAILED, f"{lost} lost: {remaining} worker(s) remain, fewer than "
                             f"--min-workers {budget.min_workers}")
+  if spent:
+    return End(TASK_FAILED, f"{event.task} {event.how}; its failures caused the "
+                            f"{budget.max_task_restarts} restart(s) one task may cause "
+                            "(--max-restarts-per-task)")
   return End(TASK_FAILED, f"{event.task} {event.how}")

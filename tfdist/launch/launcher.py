@@ -44,6 +44,9 @@ class LaunchOptions:
     fresh: start training over instead of resuming from an earlier run's backup.
     max_restarts: restarts after a failure (the synchronous cluster, or a parameter-server
       worker alone) or a preemption.
+    max_restarts_per_task: the restarts one task's failures may cause, within `max_restarts`
+      (a flapping host does not spend the cluster's budget): a task failing past it is
+      dropped (`min_workers`) or ends the launch; None: only `max_restarts` counts.
     startup_timeout: seconds for every task's server to come up.
     heartbeat_timeout: seconds a task may go without a heartbeat.
     hang_timeout: seconds no training task may progress before the task behind is named (a
@@ -80,6 +83,7 @@ class LaunchOptions:
   dry_run: bool = False
   fresh: bool = False
   max_restarts: int = 0
+  max_restarts_per_task: int | None = None
   startup_timeout: float = 120
   heartbeat_timeout: float = 60
   hang_timeout: float | None = None
@@ -166,6 +170,7 @@ def dry_run(config_path: str, command: Sequence[str], options: LaunchOptions = L
 
 def _launch(config_path, command, options, environ, plan_only: bool):
   from tfdist.launch import backends, plan, supervisor
+  from tfdist.launch.detectors import Limits
   from tfdist.launch.hangs import Deadlines
   from tfdist.machine import ports
   from tfdist.machine import facts
@@ -229,19 +234,16 @@ def _launch(config_path, command, options, environ, plan_only: bool):
                                          "launcher"))
       stack.callback(events.close)
     plans = iter([first])
-    rendezvous = _rendezvous(options, full, found.task, workers, environ)
-    if rendezvous is not None:
-      stack.callback(getattr(rendezvous, "close", lambda: None))
+    limits = Limits(options.startup_timeout, options.heartbeat_timeout, options.grace_period,
+                    Deadlines(options.hang_timeout, options.epoch_end_timeout))
     outcome = supervisor.Supervisor(
-        lambda lost: next(plans, None) or make_plan(lost=lost),
-        startup_timeout=options.startup_timeout, min_workers=options.min_workers,
-        on_members=events.members if events else None,
-        max_restarts=options.max_restarts, grace_period=options.grace_period,
-        heartbeat_timeout=options.heartbeat_timeout,
-        deadlines=Deadlines(options.hang_timeout, options.epoch_end_timeout),
+        lambda lost: next(plans, None) or make_plan(lost=lost), limits=limits,
+        min_workers=options.min_workers, on_members=events.members if events else None,
+        max_restarts=options.max_restarts, max_task_restarts=options.max_restarts_per_task,
         verbose=options.verbose, on_say=events,
-        start_process=backend.start if runner is None else runner.start,
-        workers=workers, rendezvous=rendezvous).run()
+        start_process=backend.start if runner is None else runner.start, workers=workers,
+        membership=_membership(options, full, found.task, workers, environ, limits, stack)
+    ).run()
   finally:
     stack.close()
     while held:
@@ -269,15 +271,16 @@ def _members_config(members, config_path: str, log_dir: str, lost) -> str:
   return path
 
 
-def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...],
-                environ: Mapping[str, str]):
-  """The chief's launcher's `rendezvous.Host` of the configured `workers`, another host's
-  `rendezvous.Client`, or None."""
+def _membership(options: LaunchOptions, config, task, workers: tuple[str, ...],
+                environ: Mapping[str, str], limits, stack: contextlib.ExitStack):
+  """Who this launcher runs with: alone, or in a per-host elastic launch the chief's
+  launcher's rendezvous (`membership.Hosting`, closed with `stack`) or another host's
+  (`membership.Following`)."""
   from tfdist.config.roles import is_chief
   from tfdist.config.tf_config import split_address
-  from tfdist.launch import rendezvous
+  from tfdist.launch import membership, rendezvous
   if options.rendezvous_port is None:
-    return None
+    return membership.Alone()
   chief = "chief" if config.cluster.chief else "worker"
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
@@ -288,14 +291,17 @@ def _rendezvous(options: LaunchOptions, config, task, workers: tuple[str, ...],
             f"port (set {rendezvous.SECRET_ENV} on every host to refuse the others)",
             file=sys.stderr, flush=True)
     try:
-      return rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
+      host = rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
                              secret=secret)
     except OSError as e:
       raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
                         key="--rendezvous-port", received=options.rendezvous_port) from None
+    stack.callback(host.close)
+    return membership.Hosting(host, patience=limits.grace_period + limits.heartbeat_timeout)
   client = rendezvous.Client(address, task.name, secret)
   client.keep_alive()
-  return client
+  return membership.Following(client, silence=limits.heartbeat_timeout,
+                              join_timeout=limits.startup_timeout)
 
 
 def _check_elastic(options: LaunchOptions, config, task, runner, backend: str) -> None:

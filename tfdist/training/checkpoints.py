@@ -85,6 +85,7 @@ class Backup(keras.callbacks.BackupAndRestore):
     self.every = config.checkpoint.backup_every_steps
     self._epoch_steps: int | None = None  # Unknown: backups at epoch ends only.
     self._first_step = 0  # Steps of the resumed epoch done before this fit.
+    self._epoch = 0
     self._done = 0  # Steps done in the epoch at the last call's end.
     self._writing: concurrent.futures.Future | None = None
     if not fresh:
@@ -120,6 +121,16 @@ class Backup(keras.callbacks.BackupAndRestore):
     """Saves the backup `step` steps into `epoch` (a preemption's save, between two calls)."""
     self._current_epoch, self._last_batch_seen = epoch, step
     self._save_model()
+
+  def position(self, batch: int, steps: int | None) -> tuple[int, int]:
+    """Where training stands once call `batch` of this fit's epoch ended: (epoch, steps done
+    in it), the resumed epoch's steps before this fit counted; after an epoch's last call
+    (`steps`: this fit's steps per epoch, None unknown), the next epoch's start. The one count
+    of steps the backups and the preemption save share."""
+    done = batch + 1 + self._first_step
+    if steps and done >= steps + self._first_step:
+      return self._epoch + 1, 0
+    return self._epoch, done
 
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch, self._done = epoch, self._first_step

@@ -296,13 +296,12 @@ def _callbacks(run: _Run, callbacks) -> list:
   from tfdist.training.progress_callback import progress_callbacks
   from tfdist.training import report
   from tfdist.monitoring import tensorboard
-  if run.files and not run.asynchronous:  # Backups within epochs whose length is known.
-    run.files[0].within_epochs(run.epoch_steps, run.first_step)
+  if run.files:  # Backups within epochs whose length is known (not the asynchronous loop's).
+    run.files[0].within_epochs(None if run.asynchronous else run.epoch_steps, run.first_step)
   notice = settings.preemption_notice(run.config, run.strategy)
   if notice is not None:
     from tfdist.training import preemption
-    run.files.append(preemption.Preemption(run.files[0], notice, first_step=run.first_step,
-                                           say=report.say))
+    run.files.append(preemption.Preemption(run.files[0], notice, say=report.say))
   averaging = run.installed.averaging
   run.progress = progress_callbacks(run.first_epoch)
   return [*([averaging] if averaging else []), *(callbacks or [])] + tensorboard.callbacks(

@@ -106,18 +106,15 @@ class Preemption(keras.callbacks.Callback):
   (Keras's loop; `tfdist.TrainingLoop` asks its `Notice` itself).
 
   Args:
-    backup: tfdist's `checkpoints.Backup` of this task.
+    backup: tfdist's `checkpoints.Backup` of this task: it counts the epoch and the steps
+      done (a resumed partial epoch's too), for its own backups and this save alike.
     notice: the run's `Notice`.
-    first_step: steps of the first epoch done before this fit (a resumed partial epoch); the
-      epochs after it count from 0.
     say: prints a line (the chief's start line's printer).
   """
 
-  def __init__(self, backup, notice: Notice, *, first_step: int = 0, say=print):
+  def __init__(self, backup, notice: Notice, *, say=print):
     super().__init__()
-    self.backup, self.notice = backup, notice
-    self.first_step, self.say = first_step, say
-    self._epoch = 0
+    self.backup, self.notice, self.say = backup, notice, say
 
   def on_train_begin(self, logs=None):
     self.notice.listen()
@@ -125,18 +122,10 @@ class Preemption(keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     self.notice.stop_listening()
 
-  def on_epoch_begin(self, epoch, logs=None):
-    self._epoch = epoch
-
-  def on_epoch_end(self, epoch, logs=None):
-    self.first_step = 0  # Only the resumed epoch started part-way.
-
   def on_train_batch_end(self, batch, logs=None):
     if not self.notice.stop_now():
       return
-    epoch, step = self._epoch, batch + 1 + self.first_step
-    if self.params.get("steps") and step >= self.params["steps"] + self.first_step:
-      epoch, step = epoch + 1, 0  # The epoch's last call: resume at the next epoch.
+    epoch, step = self.backup.position(batch, self.params.get("steps"))
     self.backup.save_position(epoch, step)
     self.notice.exit_preempted(
         f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}", self.say)

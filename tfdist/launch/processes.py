@@ -1,0 +1,140 @@
+"""A launch's running tasks: started with their output pumped to the terminal and their logs,
+stopped (SIGTERM to the process group, SIGKILL after a grace period: MultiWorkerMirrored
+ignores SIGTERM), and read (their heartbeat, whether they began training, how they ended).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable, Sequence
+
+from tfdist.exit_codes import PREEMPTED
+from tfdist.launch import liveness
+from tfdist.launch.output import Output
+from tfdist.launch.plan import ProcessPlan
+from tfdist.progress import Phase
+
+
+@dataclasses.dataclass
+class Running:
+  """One started task: its plan, its process (or a backend's Popen-like), its output's pump."""
+  plan: ProcessPlan
+  process: subprocess.Popen
+  pump: threading.Thread
+
+
+def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Popen],
+          output: Output, shown: bool, peer_failed: Callable[[], bool]) -> Running:
+  """Starts `p` (its earlier heartbeat removed), its output pumped into its log and, when
+  `shown`, onto the terminal.
+
+  Args:
+    p: the task's plan.
+    start_process: the backend's `start`.
+    output: the launch's terminal.
+    shown: whether the task's lines go to the terminal.
+    peer_failed: true once a peer failed (the task's lines then go to its log only).
+
+  Returns:
+    The `Running` task.
+  """
+  os.makedirs(os.path.dirname(p.log) or ".", exist_ok=True)
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(heartbeat(p))  # A beat of an earlier start.
+  process = start_process(p)
+  pump = threading.Thread(target=output.pump, daemon=True,
+                          args=(p.name, process.stdout, p.log, shown, peer_failed))
+  pump.start()
+  output.say(f"{p.name} started (pid {process.pid})")
+  return Running(p, process, pump)
+
+
+def stop(running: Sequence[Running], grace_period: float, signum: int = signal.SIGTERM) -> None:
+  """`signum` (SIGTERM) to each task's process group, SIGKILL to what is left after
+  `grace_period` seconds (a preempted task saves its backup in it). A cluster none of whose
+  tasks began training (a missing peer, the start-up deadline) has no backup to save: no
+  grace period."""
+  alive = [r for r in running if r.process.poll() is None]
+  for r in alive:
+    signal_group(r.process, signum)
+  began = any(began_training(r) for r in alive if not r.plan.serves)
+  deadline = time.monotonic() + (grace_period if began else 0)
+  for r in alive:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      r.process.wait(timeout=max(deadline - time.monotonic(), 0))
+  for r in running:
+    signal_group(r.process, signal.SIGKILL)  # Children the task left behind, too.
+    r.process.wait()
+    r.pump.join(timeout=2)
+
+
+def failed(running: Sequence[Running]) -> bool:
+  """Whether a task of `running` exited with neither 0 nor 42 (preempted)."""
+  return any(r.process.poll() not in (None, 0, PREEMPTED) for r in list(running))
+
+
+def trainers(running: Sequence[Running]) -> list[Running]:
+  """The running tasks whose training progress counts: not servers, not the evaluator."""
+  return [r for r in running if r.process.poll() is None and not r.plan.serves and
+          (r.plan.task is None or r.plan.task.type != "evaluator")]
+
+
+def evaluators(running: Sequence[Running]) -> list[Running]:
+  return [r for r in running if r.process.poll() is None and r.plan.task is not None
+          and r.plan.task.type == "evaluator"]
+
+
+def frozen(running: Sequence[Running], after: float) -> Running | None:
+  """The running task silent longest, if its heartbeat is older than `after` seconds."""
+  ages = [(age, r) for r in running if r.process.poll() is None
+          for age in [liveness.heartbeat_age(heartbeat(r.plan))] if age is not None and
+          age > after]
+  return max(ages, key=lambda pair: pair[0])[1] if ages else None
+
+
+def epoch(running: Sequence[Running]) -> float | None:
+  """The furthest epoch the training tasks reached, once one trains (None before)."""
+  return max((beat.get("epoch", 0) for r in trainers(running)
+              for beat in [liveness.read_progress(heartbeat(r.plan))]
+              if beat and beat.get("phase") != Phase.START.value), default=None)
+
+
+def began_training(r: Running) -> bool:
+  """Whether task `r` may have trained since it started (its heartbeat): it ran a call of its
+  compiled steps, or its input began delivering (the heartbeat thread waits while TensorFlow
+  holds the GIL in a first call, so its last beat can say "start" an epoch later: a task
+  SIGKILLed on that word lost the save its peers made)."""
+  beat = liveness.read_progress(heartbeat(r.plan))
+  return beat is not None and (beat.get("phase") != Phase.START.value or
+                               bool(beat.get("drawn")))
+
+
+def heartbeat(p: ProcessPlan) -> str:
+  """The path of task `p`'s heartbeat file."""
+  return dict(p.env).get(liveness.HEARTBEAT_ENV, "")
+
+
+def how_it_ended(r: Running) -> tuple[str, str]:
+  """("failed", "(exit code N)"), or for a live task that stopped making progress, its
+  heartbeat's age and pid."""
+  code = r.process.poll()
+  if code is None:
+    age = liveness.heartbeat_age(heartbeat(r.plan)) or 0
+    return "stopped making progress", f"(no heartbeat for {age:.0f} s, pid {r.process.pid})"
+  return "failed", f"(exit code {code})"
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+  """`signum` to the process group of a task: its own `signal_group` for a process on another
+  machine (`backends.ray.RayProcess`), else this host's `killpg`."""
+  with contextlib.suppress(ProcessLookupError, PermissionError):
+    if hasattr(process, "signal_group"):
+      process.signal_group(signum)
+    else:
+      os.killpg(process.pid, signum)
