@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,8 +58,12 @@ def kill9(every: int, ray_address: str | None = None) -> tuple[float, int]:
           return seconds, redone
       raise RuntimeError("the launch did not train again")
     finally:
-      os.killpg(process.pid, signal.SIGKILL)
-      process.wait()
+      os.killpg(process.pid, signal.SIGTERM)  # The launcher removes its Ray actors and folders.
+      try:
+        process.wait(60)
+      except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @contextlib.contextmanager
@@ -66,7 +71,7 @@ def ray_head(cpus: int = 4):
   """A Ray head on 127.0.0.1 (`ray start --head --block`), killed with its process group at
   the end; yields its address (RAY_ADDRESS)."""
   import portpicker
-  from ray.util.state import list_nodes
+  from tfdist.machine.ports import accepts
   port = portpicker.pick_unused_port()
   temp = tempfile.mkdtemp(prefix="tfdist-ray-", dir="/tmp")  # Short: Ray's sockets live there.
   head = subprocess.Popen(
@@ -77,7 +82,7 @@ def ray_head(cpus: int = 4):
   address = f"127.0.0.1:{port}"
   try:
     deadline = time.monotonic() + 90
-    while not _alive(list_nodes, address):
+    while not accepts(address):  # Its GCS; launches connect through it.
       if time.monotonic() > deadline or head.poll() is not None:
         raise RuntimeError("the Ray head did not come up in 90 s")
       time.sleep(1)
@@ -85,10 +90,5 @@ def ray_head(cpus: int = 4):
   finally:
     os.killpg(head.pid, signal.SIGKILL)
     head.wait()
+    shutil.rmtree(temp, ignore_errors=True)
 
-
-def _alive(list_nodes, address: str) -> bool:
-  try:
-    return any(node.state == "ALIVE" for node in list_nodes(address=address, timeout=5))
-  except Exception:  # pylint: disable=broad-except  # Not up yet.
-    return False

@@ -7,11 +7,13 @@ RAY_ADDRESS and a missing Ray are refused in one line."""
 import contextlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -106,6 +108,7 @@ def test_two_workers_equal_plain_keras_on_one_device(ray_head, write_config, tmp
   from tests.test_fit import assert_same_training
 
   config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  folders = set(pathlib.Path(tempfile.gettempdir()).glob("tfdist-ray-task-*"))
   launcher = ray_launch(ray_head, config, tmp_path, "--", sys.executable,
                         str(PROGRAMS / "equivalence_case.py"), "plain")
   output = finish(launcher, 240, [])
@@ -120,6 +123,8 @@ def test_two_workers_equal_plain_keras_on_one_device(ray_head, write_config, tmp
     assert_same_training(result, reference, "plain")
   assert "RESULT plain " in (tmp_path / "logs" / "worker-1.log").read_text()
   assert alive_actors(ray_head) == []
+  # Each actor's folder (its heartbeat, the files it wrote) goes with it.
+  assert set(pathlib.Path(tempfile.gettempdir()).glob("tfdist-ray-task-*")) <= folders
 
 
 def test_parameter_server_job_converges(ray_head, write_config, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,5 +125,7 @@ class TaskActor:
       pass
 
   def kill(self) -> None:
-    """SIGKILLs the process group (the actor is killed next: its process dies with it)."""
+    """SIGKILLs the process group (the actor is killed next: its process dies with it) and
+    removes the actor's folder (its heartbeat, the files it wrote)."""
     self.signal(signal.SIGKILL, group=True)
+    shutil.rmtree(self._dir, ignore_errors=True)
