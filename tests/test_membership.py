@@ -15,23 +15,10 @@ from tfdist.launch.decisions import (Failed, FollowRound, GoOnWithout, Grow, Hos
                                      NewRound, Report, RestartCluster, State)
 from tfdist.launch.membership import OPENED, Alone, Following, Hosting
 from tfdist.launch.plan import LaunchPlan, ProcessPlan
-from tfdist.launch.rendezvous import Client, Host
+from tfdist.launch.rendezvous import Client
 from tfdist.launch.supervisor import Supervisor
 from tfdist.machine.ports import free_ports
-from tests.test_rendezvous import WORKERS, Clock
-
-@pytest.fixture
-def clock():
-  return Clock()
-
-
-@pytest.fixture
-def host(clock):
-  (port,) = free_ports(1)
-  served = Host(f"127.0.0.1:{port}", WORKERS, silence=10.0, clock=clock)
-  yield served
-  served.close()
-
+from tests.test_rendezvous import WORKERS, clock, host  # noqa: F401 (their fixtures)
 
 def _said(kind):
   lines = []
