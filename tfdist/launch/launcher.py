@@ -291,13 +291,13 @@ def _membership(options: LaunchOptions, config, task, workers: tuple[str, ...],
             f"port (set {rendezvous.SECRET_ENV} on every host to refuse the others)",
             file=sys.stderr, flush=True)
     try:
-      host = rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
-                             secret=secret)
+      served = rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
+                               secret=secret)
     except OSError as e:
       raise ConfigError(f"cannot serve the rendezvous at {address}: {e.strerror}",
                         key="--rendezvous-port", received=options.rendezvous_port) from None
-    stack.callback(host.close)
-    return membership.Hosting(host, patience=limits.grace_period + limits.heartbeat_timeout)
+    stack.callback(served.close)
+    return membership.Hosting(served, patience=limits.grace_period + limits.heartbeat_timeout)
   client = rendezvous.Client(address, task.name, secret)
   client.keep_alive()
   return membership.Following(client, silence=limits.heartbeat_timeout,

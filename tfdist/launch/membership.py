@@ -155,7 +155,6 @@ class Following(Alone):
     self.silence, self.join_timeout = silence, join_timeout
     self.follows = client.name
     self.round = 0
-    self.lost: tuple[str, ...] = ()  # The workers the joined round runs without.
     self._began = self._answered = time.monotonic()
     self._polled = 0.0
     self._said_waiting = False
@@ -191,7 +190,7 @@ class Following(Alone):
     if code == 0:
       self.client.leave(done=True)
 
-  def _join(self, now: float) -> NewRound | Opened | None:
+  def _join(self, now: float) -> NewRound | None:
     """Joins the chief's rounds (its launcher may start after this one); while the round runs
     without this launcher's task (back after being lost), waits to be taken in."""
     found = self.client.join()
@@ -210,15 +209,15 @@ class Following(Alone):
                  "begins")
         self._said_waiting = True
       return None
-    self.round, self.lost, self._answered = found.number, found.lost, now
-    return NewRound(found.number, found.lost)  # Followed, then its opening awaited.
+    self._answered = now
+    return NewRound(found.number, found.lost)  # Followed (`decided`), then its opening awaited.
 
   def _new_round(self, found, now: float) -> NewRound | None:
     """A round newer than this launcher's, or the end when the chief's launcher stopped
     answering for longer than `silence`."""
     if found is None:
       if now - self._answered > self.silence:
-        return NewRound(self.round + 1, self.lost, (TASK_FAILED, (
+        return NewRound(self.round + 1, (), (TASK_FAILED, (
             f"the chief's launcher at {self.client.address} has not answered for "
             f"{now - self._answered:.0f} s")))
       return None

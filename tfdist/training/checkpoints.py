@@ -127,10 +127,14 @@ class Backup(keras.callbacks.BackupAndRestore):
     in it), the resumed epoch's steps before this fit counted; after an epoch's last call
     (`steps`: this fit's steps per epoch, None unknown), the next epoch's start. The one count
     of steps the backups and the preemption save share."""
-    done = batch + 1 + self._first_step
+    done = self._steps_done(batch)
     if steps and done >= steps + self._first_step:
       return self._epoch + 1, 0
     return self._epoch, done
+
+  def _steps_done(self, batch: int) -> int:
+    """Steps done in the epoch once this fit's call `batch` ended."""
+    return batch + 1 + self._first_step
 
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch, self._done = epoch, self._first_step
@@ -138,7 +142,7 @@ class Backup(keras.callbacks.BackupAndRestore):
   def on_train_batch_end(self, batch, logs=None):
     """A backup in the background when this call crossed a multiple of `backup_every_steps`
     (the epoch's last call excepted: the epoch's end saves)."""
-    done, before = batch + 1 + self._first_step, self._done
+    done, before = self._steps_done(batch), self._done
     self._done = done
     if not (self.every and self._epoch_steps) or done >= self._epoch_steps or \
         done // self.every == before // self.every:
