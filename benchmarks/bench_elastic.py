@@ -10,7 +10,8 @@ chief's next epoch with 2, and from the chief's "taking it in" line to worker-2 
 
 A kill -9 on each backend (`benchmarks/recovery.py`): a 2-worker launch, backups every 3
 steps, worker-1 killed after step 5 of epoch 3 (on Ray its actor, as when its node is lost):
-seconds to training again and steps redone, local and on a Ray head started here.
+seconds to training again and steps redone, local and on a Ray head started here (the
+`ray` extra).
 
   python -m benchmarks.bench_elastic [--rounds 2]
 """

@@ -211,7 +211,7 @@ def test_each_action_that_changes_who_runs_is_a_new_round(host, action):
 
 
 def test_each_decision_that_changes_the_launch_is_said_with_the_members_it_leaves():
-  from tfdist.launch.decisions import Continue, RestartTask
+  from tfdist.launch.decisions import Continue, End, RestartTask
   from tfdist.launch.narration import Members, decision_line
   members = Members(WORKERS, (), 2)
   failed = Failed("worker-2", 1, "failed (exit code 1)")
@@ -226,3 +226,10 @@ def test_each_decision_that_changes_the_launch_is_said_with_the_members_it_leave
   assert decision_line(failed, RestartTask("worker-2", 1), members) == \
       "restarting worker-2 alone (1 restart(s) left)"
   assert decision_line(failed, Continue("nothing to do", 0), members) == "nothing to do"
+  # Past --max-restarts-per-task, restarts left to the cluster: said as such.
+  assert decision_line(failed, GoOnWithout(("worker-2",), 2), members, spent=True).startswith(
+      "worker-2 failed again past --max-restarts-per-task: going on without it, 2 worker(s)")
+  assert decision_line(failed, End(1, "worker-2 failed"), members, spent=True) == \
+      "worker-2 may cause no more restarts (--max-restarts-per-task): stopping every task"
+  assert decision_line(failed, End(1, "worker-2 failed"), members) == \
+      "no restarts left (--max-restarts): stopping every task"

@@ -32,13 +32,16 @@ class Members:
     return tuple(w for w in self.workers if w not in lost)
 
 
-def decision_line(event: Event, action: Action, members: Members) -> str | None:
+def decision_line(event: Event, action: Action, members: Members,
+                  spent: bool = False) -> str | None:
   """The line the launcher says on deciding `action` about `event` (None: nothing to say).
 
   Args:
     event: what a detector saw.
     action: what `decisions.decide` chose.
     members: the membership before the action.
+    spent: the failed task had caused the restarts one task may cause
+      (`Budget.task_spent`, `--max-restarts-per-task`).
 
   Returns:
     The line, or None.
@@ -52,8 +55,8 @@ def decision_line(event: Event, action: Action, members: Members) -> str | None:
   if isinstance(action, GoOnWithout):
     remaining = len(members.now()) - len(action.tasks)
     why = (f"left ({event.why})" if isinstance(event, Left) else
-           "failed with no restarts left" if action.restarts_left == 0 else
-           "failed again past --max-restarts-per-task")
+           "failed again past --max-restarts-per-task" if spent else
+           "failed with no restarts left")
     return (f"{', '.join(action.tasks)} {why}: going on without it, {remaining} worker(s) "
             f"(--min-workers {members.min_workers}); training resumes from its backup with the "
             "same global batch")
@@ -74,7 +77,7 @@ def decision_line(event: Event, action: Action, members: Members) -> str | None:
     return (f"the chief's launcher ended the launch: {action.message}" if event.ended else
             action.message)
   if isinstance(event, (Failed, EvaluatorHung)) and not isinstance(action, Report):
-    if "(--max-restarts-per-task)" in action.message:
+    if spent:
       return f"{event.task} may cause no more restarts (--max-restarts-per-task): stopping " \
              "every task"
     return "no restarts left (--max-restarts): stopping every task"

@@ -184,16 +184,18 @@ class Supervisor:
                                    hung=True))
       if isinstance(event, Failed):
         self.output.quiet_until = float("inf")  # The rest stop: their tracebacks to the logs.
-    action = decisions.decide(event, Budget(
+    budget = Budget(
         self.restarts_left, self.members.now(), self.members.min_workers, self.members.lost,
         self.membership.follows, self.membership.anchor, self.state is State.WAITING,
-        tuple(self._task_restarts.items()), self.max_task_restarts))
+        tuple(self._task_restarts.items()), self.max_task_restarts)
+    action = decisions.decide(event, budget)
+    spent = isinstance(event, Failed) and budget.task_spent(event.task)
     if not isinstance(action, End):
       self.restarts_left = action.restarts_left
     if isinstance(event, Failed) and isinstance(action, (RestartCluster, RestartTask)):
       self._task_restarts[event.task] += 1
     joined = isinstance(event, NewRound) and self.state is State.JOINING
-    if not joined and (line := narration.decision_line(event, action, self.members)):
+    if not joined and (line := narration.decision_line(event, action, self.members, spent)):
       self.say(line)
     return action
 
