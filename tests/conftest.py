@@ -11,8 +11,13 @@ from tfdist.machine import facts
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The suite runs on CPU devices on every machine (logical CPUs, local clusters of several
 # processes): this process and its children see no GPU. Tests marked `gpu` run where a GPU is,
-# giving `GPUS` back to the processes they start (`gpu_env`).
-GPUS = facts.visible_gpus()
+# giving `GPUS` back to the processes they start (`gpu_env`). The machine's list is read once,
+# before it is hidden, and handed on in the environment: pytest-xdist's workers inherit the
+# hidden one, and `from tests.conftest import` may import this file a second time (both hid
+# the H200 from `pytest -m gpu` on 2026-11-27).
+_GPUS = "TFDIST_SUITE_GPUS"
+os.environ.setdefault(_GPUS, ",".join(facts.visible_gpus()))
+GPUS = [name for name in os.environ[_GPUS].split(",") if name]
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 

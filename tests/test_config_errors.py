@@ -134,11 +134,11 @@ BAD_CONFIGS = [
      "{f}: training.per_replica_batch_size: give global_batch_size or per_replica_batch_size, "
      "not both. Received: 32"),
     ("jit_under_mirrored", "strategy: mirrored\ntraining: {jit_compile: true}\n", None, None,
-     "{f}: training.jit_compile: must be false under mirrored: XLA fails there in TensorFlow "
+     "{f}: training.jit_compile: cannot be true under mirrored: XLA fails there in TensorFlow "
      "2.21 (default or one_device compile). Received: True"),
     ("jit_under_parameter_server",
      PS_HOSTS + "strategy: parameter_server\ntraining: {jit_compile: true}\n", None, None,
-     "{f}: training.jit_compile: must be false under parameter_server: XLA fails there in "
+     "{f}: training.jit_compile: cannot be true under parameter_server: XLA fails there in "
      "TensorFlow 2.21 (default or one_device compile). Received: True"),
     ("float16_under_central_storage",
      "strategy: central_storage\ntraining: {mixed_precision: float16}\n", None, None,

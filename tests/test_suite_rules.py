@@ -1,12 +1,14 @@
 """The suite's own rules, each able to fail: a test's bounds stay within pytest-timeout's limit
 (`tests.bounds`), and every flag reaches a test through the CLI (`tests.flag_coverage`)."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests import bounds, flag_coverage
+from tests.conftest import REPO
 
 
 @pytest.mark.timeout(30)
@@ -31,3 +33,27 @@ def test_a_flag_no_test_gives_through_the_cli_is_named():
   every[launch] = every[launch].replace(" slurm", "")
   every.append("export slurm")  # Given to another command: not launch's.
   assert flag_coverage.unexercised(every) == ["tfdist launch --slurm"]
+
+
+_GPU_LIST = """
+import importlib.util, os, subprocess, sys
+import tests.conftest as first
+spec = importlib.util.spec_from_file_location("conftest", "tests/conftest.py")
+second = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(second)  # As `from tests.conftest import` beside pytest's own import.
+worker = subprocess.run([sys.executable, "-c", "import tests.conftest as c; print(c.GPUS)"],
+                        capture_output=True, text=True, timeout=60).stdout.strip()
+print(first.GPUS, second.GPUS, worker, repr(os.environ["CUDA_VISIBLE_DEVICES"]))
+"""
+
+
+def test_the_machines_gpus_reach_xdist_workers_and_a_second_import_while_hidden():
+  """The suite hides GPUs from itself (CUDA_VISIBLE_DEVICES=""), yet `pytest -m gpu` must see
+  the machine's: in a worker started after the hiding (as pytest-xdist's are) and in a second
+  import of conftest. An H200's `pytest -m gpu` skipped all (workers) or failed (a second
+  import gave the launches no GPU) before."""
+  env = {k: v for k, v in os.environ.items() if k != "TFDIST_SUITE_GPUS"}
+  env.update(CUDA_VISIBLE_DEVICES="2,3", PYTHONPATH=str(REPO))
+  done = subprocess.run([sys.executable, "-c", _GPU_LIST], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert done.stdout.strip() == "['2', '3'] ['2', '3'] ['2', '3'] ''", done.stderr[-2000:]

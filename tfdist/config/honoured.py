@@ -196,15 +196,17 @@ DECISIONS: dict[str, Decision] = {
         refused=_keras(),
         checked_by=("test_fit.py::test_single_machine_strategies_equal_one_device",)),
     "training.jit_compile": Decision(
-        "the step compiled with XLA (Keras's jit_compile; the loop's step likewise)",
-        refused={SPLIT: "XLA compiles for one device and cannot reach variables on another",
-                 **_keras()},
+        "the step compiled with XLA (Keras's jit_compile; the loop's step likewise); auto "
+        "keeps the model's own compile(jit_compile=...), Keras's rule",
+        refused={SPLIT: "the split turns XLA off itself: XLA compiles for one device and "
+                        "cannot reach variables on another", **_keras()},
         # XLA's failures, TensorFlow 2.21: mirrored variables' placement; "Collectives are not
         # yet implemented for CPU devices when compiling with XLA"; under parameter servers
         # "Trying to access resource ... located in device /job:ps".
-        needs=Needs("jit", "must be false under {name}: XLA fails there in TensorFlow 2.21 "
-                    "({supporting} compile)"),
-        checked_by=("test_loop_settings.py::test_jit_compile_compiles_the_loops_step_by_xlas_own_dump",)),
+        needs=Needs("jit", "cannot be true under {name}: XLA fails there in TensorFlow 2.21 "
+                    "({supporting} compile)", values=(True,)),
+        checked_by=("test_loop_settings.py::test_jit_compile_compiles_the_loops_step_by_xlas_own_dump",
+                    "test_fit.py::test_fit_keeps_the_jit_compile_keras_chooses_unless_the_config_sets_it")),
     "training.fused_optimizer": Decision(
         "Adam, AdamW and SGD update with TensorFlow's fused kernels", refused=_keras(),
         checked_by=("test_fused_updates.py::test_fused_update_trains_the_same_model_as_keras",)),
@@ -407,13 +409,18 @@ def unsupported(config: schema.Config) -> tuple[str, str] | None:
   return None
 
 
+def shown(value) -> str:
+  """A config value as YAML writes it: `true`, `float16`."""
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def summary(key: str) -> str:
   """One line for the config reference: how it is applied, the strategies it needs and the
   paths refusing it."""
   decision = DECISIONS[key]
   parts = [f"refused by {path}: {why}" for path, why in decision.refused.items()]
   if decision.needs:
-    values = " or ".join(map(str, decision.needs.values or ()))
+    values = " or ".join(map(shown, decision.needs.values or ()))
     parts.insert(0, f"{values or 'set'}: strategy "
                     f"{' or '.join(strategies.supporting(decision.needs.feature))} only")
   return decision.applied + (f" ({'; '.join(parts)})" if parts else "")

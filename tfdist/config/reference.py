@@ -133,7 +133,7 @@ def support_markdown() -> list[str]:
          "|---|" + "---|" * len(names)]
   for key, decision in honoured.DECISIONS.items():
     if decision.needs:
-      values = " or ".join(map(str, decision.needs.values or ()))
+      values = " or ".join(map(honoured.shown, decision.needs.values or ()))
       cells = ["yes" if decision.needs.feature in strategies.kind(n).supports else ""
                for n in names]
       out.append(f"| `{key}`{': ' + values if values else ''} | " + " | ".join(cells) + " |")

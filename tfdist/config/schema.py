@@ -228,7 +228,12 @@ class TrainingConfig:
     steps_per_epoch: steps in one epoch; None runs each epoch to the end of the data.
     steps_per_execution: training steps run in one call of the compiled function (batch-level
       callbacks see one call); 32 measured fastest here (BUILD_NOTES.md).
-    jit_compile: compile the training step with XLA (no gain measured on CPU; halves bfloat16).
+    jit_compile: compile the training step with XLA. `auto` (the default) keeps what the
+      model's `compile(jit_compile=...)` chose, by default Keras's own "auto": XLA on a GPU
+      outside a tf.distribute strategy, off on CPUs (no gain measured there; it halves
+      bfloat16), where the model supports it. `tfdist.fit` forcing it off measured 2.8x
+      (float32) and 4.9x (bfloat16) slower than Keras on an H200 (BUILD_NOTES.md). The
+      loop's step: XLA only when true, as a hand-written `tf.function` step.
     fused_optimizer: update with TensorFlow's fused kernels under Adam, AdamW and SGD, as
       tf.keras 2 did (the Adam update measured 3x faster here); other optimizers keep Keras's
       own update. Off by default: Adam's kernel takes 1 - beta in float32 where Keras rounds
@@ -267,7 +272,7 @@ class TrainingConfig:
   epochs: int = _field(1, _POSITIVE)
   steps_per_epoch: int | None = _field(None, _OPTIONAL_POSITIVE)
   steps_per_execution: int = _field(32, _POSITIVE)
-  jit_compile: bool = False
+  jit_compile: bool | Literal["auto"] = "auto"
   fused_optimizer: bool = False
   mixed_precision: Literal["off", "auto", "bfloat16", "float16"] = "auto"
   gradient_accumulation_steps: int = _field(1, _POSITIVE)

@@ -165,10 +165,12 @@ def steps_per_epoch(config: Config, given: int | None = None) -> int | None:
   return given or config.training.steps_per_epoch
 
 
-def jit_compile(config: Config) -> bool:
+def jit_compile(config: Config) -> bool | None:
   """Whether the training step is compiled by XLA (`training.jit_compile`; refused where a
-  strategy or a split cannot, by `config.honoured`)."""
-  return bool(config.training.jit_compile)
+  strategy or a split cannot, by `config.honoured`); None for `auto`: the model's own
+  `compile(jit_compile=...)`, Keras's rule when it was left "auto"."""
+  chosen = config.training.jit_compile
+  return None if chosen == "auto" else chosen
 
 
 def learning_rate_schedule(optimizer, config: Config, replicas: int,
