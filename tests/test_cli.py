@@ -206,3 +206,31 @@ def test_launch_offers_the_backends_there_are_and_refuses_another_in_one_line():
   assert offered == list(backends.NAMES)
   for name in offered:  # Each offered one is a backend the launcher can load.
     assert backends.get(name).__name__ == f"tfdist.launch.backends.{name}"
+
+
+_SERVER_START = """
+import sys
+import portpicker
+from tfdist.cli import cluster_server
+cluster_server.import_tensorflow_without_keras()
+import tensorflow as tf
+print(sorted(m for m in ("keras", "sklearn", "IPython") if m in sys.modules))
+address = f"127.0.0.1:{portpicker.pick_unused_port()}"
+server = tf.distribute.Server(tf.train.ClusterSpec({"ps": [address]}), "ps", 0, start=True)
+print(server.target == "grpc://" + address)
+import keras  # Still importable afterwards.
+print(keras.optimizers.Adam.__name__)
+"""
+
+
+def test_a_cluster_server_starts_tensorflow_without_the_keras_it_imports_eagerly():
+  """`tfdist cluster-server` skips the Keras that `import tensorflow` loads eagerly
+  (tensorflow/__init__.py, b/196254385); its server still starts and Keras still imports. When
+  plain TensorFlow stops importing Keras, the first assert says the workaround can go."""
+  plain = subprocess.run([sys.executable, "-c", "import sys, tensorflow; print('keras' in "
+                          "sys.modules)"], capture_output=True, text=True, timeout=120, env=ENV)
+  assert plain.stdout.strip() == "True", "TensorFlow no longer imports Keras eagerly: drop " \
+      "cluster_server.import_tensorflow_without_keras"
+  done = subprocess.run([sys.executable, "-c", _SERVER_START], capture_output=True, text=True,
+                        timeout=120, env=ENV, cwd=REPO)
+  assert done.stdout.split() == ["[]", "True", "Adam"], done.stderr[-2000:]
