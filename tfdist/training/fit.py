@@ -436,8 +436,8 @@ def _build(run: _Run, model_fn, compile) -> None:
     elif not model.compiled:
       raise ModelError("model_fn returned a model that is not compiled: compile it there or "
                        "pass compile=dict(optimizer=..., loss=...)")
-    if settings.jit_compile(config) is not None:  # Else the model's own (Keras's "auto").
-      model.jit_compile = settings.jit_compile(config)
+    if (jit := settings.jit_compile(config)) is not None:  # Else the model's own (Keras's).
+      model.jit_compile = jit
     run.model, run.compiled_per_call = model, model.steps_per_execution
     run.installed = settings.install_on_optimizer(
         run.optimizer, strategy, config, settings.paths_of(config, settings.FIT))
