@@ -67,6 +67,12 @@ FLAGS_DECLARED = (
                    "(for engines that restart exited containers, like StatefulSets)."),
     cli_flags.Flag("tensorboard", "bool", False, "Start TensorBoard on the config's "
                    "tensorboard.log_dir beside the cluster (127.0.0.1) and print its URL."),
+    cli_flags.Flag("preload", "enum", "auto", "on: start each task's Python program (python "
+                   "SCRIPT, python -m MODULE) forked from one process that imported TensorFlow "
+                   "and Keras once (a start or restart costs ~0.1 CPU-s instead of ~6); off: "
+                   "each its own interpreter; auto (default): on where this host has no GPU "
+                   "(forking has not been measured on one). Local backend only.",
+                   choices=("auto", "on", "off")),
     cli_flags.TASK_PORT,
     cli_flags.Flag("slurm", "bool", False, "The old spelling of --backend slurm (a notice; gone "
                    "in the next release)."),
@@ -93,7 +99,8 @@ def run(args: list[str], task: TaskConfig | None) -> int:
       epoch_end_timeout=FLAGS["epoch-end-timeout"].value,
       grace_period=FLAGS["grace-period"].value, min_workers=FLAGS["min-workers"].value,
       rendezvous_port=FLAGS["rendezvous-port"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
-      tensorboard=FLAGS.tensorboard)
+      tensorboard=FLAGS.tensorboard,
+      preload={"auto": None, "on": True, "off": False}[FLAGS.preload])
   if FLAGS["dry-run"].value:
     print(dry_run(args[0], args[1:], options).describe())
     return OK

@@ -66,6 +66,12 @@ class LaunchOptions:
     logs: the per-task logs' directory; None: tfdist-logs/<date-time>.
     verbose: show every task's output, not only the chief's.
     tensorboard: start TensorBoard on the config's log directory beside the cluster.
+    preload: True starts the tasks' Python programs (`python SCRIPT`, `python -m MODULE`)
+      forked from one process that imported TensorFlow and Keras once
+      (`tfdist.machine.preload`): each start and end costs ~0.1 CPU-s instead of ~6
+      (BUILD_NOTES.md); False: each task its own interpreter; None: True where this host has
+      no GPU (not yet measured on one). The local backend; the others start tasks their own
+      way.
     port: the old name of `grpc_port`, kept for this release (0.1) with a DeprecationWarning.
 
   Example:
@@ -94,6 +100,7 @@ class LaunchOptions:
   logs: str | None = None
   verbose: bool = False
   tensorboard: bool = False
+  preload: bool | None = None
   port: dataclasses.InitVar[int | None] = None
 
   def __post_init__(self, port: int | None) -> None:
@@ -184,8 +191,9 @@ def _launch(config_path, command, options, environ, plan_only: bool):
   try:
     found = backend.discover(load_config(config_path, environ={}), options, environ)
     runner = found.runner
-    if runner is not None:
-      stack.callback(runner.close)  # Its tasks go with the launch, however it ends.
+    starter = runner or found.starter
+    if starter is not None:
+      stack.callback(starter.close)  # Its tasks go with the launch, however it ends.
     config = full = found.config
     host_gpus = facts.visible_gpus() if found.gpus is None else found.gpus
     workers = tuple(t.name for t in full.cluster.tasks() if t.type == "worker")
@@ -241,7 +249,7 @@ def _launch(config_path, command, options, environ, plan_only: bool):
         min_workers=options.min_workers, on_members=events.members if events else None,
         max_restarts=options.max_restarts, max_task_restarts=options.max_restarts_per_task,
         verbose=options.verbose, on_say=events,
-        start_process=backend.start if runner is None else runner.start, workers=workers,
+        start_process=backend.start if starter is None else starter.start, workers=workers,
         membership=_membership(options, full, found.task, workers, environ, limits, stack)
     ).run()
   finally:

@@ -42,12 +42,17 @@ class Discovery:
       ends, however it ends).
     gpus: the GPUs the plan shares among the tasks; None: this host's visible GPUs; () where
       the runner gives each task its own (Ray).
+    starter: how this host starts the tasks when the backend keeps something for the
+      launch's life (the local backend's preloaded fork server): an object with
+      `start(process)` (instead of the backend's) and `close()` (called when the launch
+      ends); None: the backend's `start`.
   """
   config: Config
   task: TaskConfig | None = None
   local_task: tuple[int, int] | None = None
   runner: object | None = None
   gpus: tuple[str, ...] | None = None
+  starter: object | None = None
 
 
 NAMES = ("local", "slurm", "ray")

@@ -1,6 +1,7 @@
 """The local launch backend: every task of a cluster given by counts on this machine (127.0.0.1
 and free ports), the one task `--task` names of a real cluster, or one process for a config
-without a cluster; processes started as this host's children."""
+without a cluster; processes started as this host's children, Python ones forked from one that
+imported TensorFlow once (`--preload`, `machine.preload`)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,43 @@ import subprocess
 from typing import Mapping
 
 from tfdist.errors import ConfigError
-from tfdist.machine import children
+from tfdist.machine import children, facts, preload
 from tfdist.launch.backends import Discovery
 
 NAME = "local"
 
 
 def discover(config, options, environ: Mapping[str, str]) -> Discovery:
-  """The config as it is, and `options.task` when it names one.
+  """The config as it is, `options.task` when it names one, and the preloaded fork server
+  when `options.preload` asks (None: on a host without GPUs).
 
   Raises:
     ConfigError: `options.grpc_port` is given: a cluster by counts gets free ports, and a
       cluster by addresses has its own.
   """
-  del environ
   if options.grpc_port is not None:
     raise ConfigError("a local launch takes free ports, or the ports of the cluster's "
                       "addresses; leave it out (it is for --backend slurm and export)",
                       key="--task-port", received=options.grpc_port)
-  return Discovery(config, options.task)
+  preloads = getattr(options, "preload", False)
+  if preloads is None:  # Forking from a CUDA build's import is not yet measured on a GPU.
+    preloads = not facts.visible_gpus(environ)
+  return Discovery(config, options.task, starter=Preloaded() if preloads else None)
+
+
+class Preloaded:
+  """Starts each task forked from a server that imported TensorFlow and Keras once, where its
+  command allows (`preload.Preloaded.start`), else as `start` does; the server ends with the
+  launch."""
+
+  def __init__(self):
+    self._server = preload.Preloaded()
+
+  def start(self, process) -> subprocess.Popen:
+    return self._server.start(process.argv, process.environ()) or start(process)
+
+  def close(self) -> None:
+    self._server.close()
 
 
 def start(process) -> subprocess.Popen:

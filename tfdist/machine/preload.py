@@ -1,0 +1,408 @@
+"""Python tasks started by forking one process that imported TensorFlow and Keras once (a fork
+server: `multiprocessing`'s forkserver with `set_forkserver_preload`, Android's zygote).
+
+`import tensorflow` with Keras costs 4-5 CPU-seconds and Python's teardown of it 1-2 more, in
+every task and again in every restart; a task forked from a process that already imported them
+starts in milliseconds and shares those pages. A forked task is the command's own program:
+`python SCRIPT ARGS` or `python -m MODULE ARGS`, run as `__main__` with its own arguments,
+environment, working directory, `sys.path`, output pipe, session and random seeds, tfdist's
+script hook applied as a fresh interpreter applies it (`tfdist/script_hook`: tfdist is imported
+when the script first imports TensorFlow or Keras), its threads joined and its `atexit`
+functions run at the end; only the interpreter's teardown of the modules is skipped (the
+script's own globals are released first, so a file it never closed is flushed).
+
+A command that is not such a program (another interpreter, `python -c`, interpreter options, a
+shell), or whose environment differs from the preloaded one in more than the per-task variables
+(`PER_TASK`: read after the import), starts as its own process, as without preloading.
+
+The server runs this file as a script (`serve`): it never imports tfdist, so a task imports
+tfdist itself as its own interpreter would. Takes: nothing of tfdist's. Never imports: any room.
+
+```python
+from tfdist.machine import preload
+server = preload.Preloaded()
+task = server.start(["python", "train.py"], env, cwd=".")   # a Popen-like, or None
+task.wait(); server.close()
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Mapping, Sequence
+
+PER_TASK = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "PYTHONPATH")
+"""Variables a forked task may have of its own: TensorFlow reads them after its import (the
+cluster, the GPUs at the runtime's start), and `sys.path` is made from PYTHONPATH per task. So
+may every `TFDIST_` variable (tfdist is imported in the task)."""
+
+_HOOKED = ("tensorflow", "keras")
+_PREPARE_ENV = "TFDIST_PREPARE"  # `tfdist.config.loader.PREPARE_ENV`, named here: no import.
+_MESSAGE = 1 << 20
+
+
+def forkable(argv: Sequence[str], env: Mapping[str, str], python: str = sys.executable) -> bool:
+  """Whether `argv` is `python SCRIPT ...`, `python -u SCRIPT ...` or `python -m MODULE ...` run
+  by `python` itself (a preloaded server can start it). Pure but for `PATH` lookups.
+
+  >>> forkable(["python3", "-c", "print(1)"], {})
+  False
+  """
+  if len(argv) < 2:
+    return False
+  found = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
+  if not found or os.path.realpath(found) != os.path.realpath(python):
+    return False
+  rest = list(argv[1:])
+  if rest[0] == "-u":
+    rest = rest[1:]
+  if rest[:1] == ["-m"]:
+    return len(rest) > 1
+  return bool(rest) and not rest[0].startswith("-")
+
+
+def same_but_per_task(env: Mapping[str, str], preloaded: Mapping[str, str]) -> bool:
+  """Whether `env` differs from the preloaded server's `preloaded` environment only in
+  `PER_TASK` and `TFDIST_` variables. Pure."""
+  keys = {k for k in set(env) | set(preloaded)
+          if k not in PER_TASK and not k.startswith("TFDIST_")}
+  return all(env.get(k) == preloaded.get(k) for k in keys)
+
+
+class ForkedTask:
+  """A task forked by the server, with the surface of `subprocess.Popen` a launch uses: `pid`,
+  `stdout`, `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`."""
+
+  def __init__(self, pid: int, stdout, ended: threading.Condition):
+    self.pid, self.stdout, self.returncode = pid, stdout, None
+    self._ended = ended
+
+  def poll(self) -> int | None:
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    with self._ended:
+      if not self._ended.wait_for(lambda: self.returncode is not None, timeout):
+        raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+    return self.returncode
+
+  def send_signal(self, signum: int) -> None:
+    if self.returncode is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(self.pid, signum)
+
+  def terminate(self) -> None:
+    self.send_signal(signal.SIGTERM)
+
+  def kill(self) -> None:
+    self.send_signal(signal.SIGKILL)
+
+
+class Preloaded:
+  """A fork server with TensorFlow and Keras imported, started at its first `start` with the
+  environment of that task (less its `PER_TASK` variables), ended by `close` or with this
+  process (it and its tasks die with their parent)."""
+
+  def __init__(self, python: str = sys.executable):
+    self._python = python
+    self._lock = threading.Lock()  # One request at a time on the socket.
+    self._ended = threading.Condition()
+    self._tasks: dict[int, ForkedTask] = {}
+    self._replies: list = []
+    self._server = self._socket = None
+    self._alive = False
+    self._env: dict[str, str] | None = None
+    self.failed = False
+
+  def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+            preexec=None) -> ForkedTask | None:
+    """Forks `argv` with `env` from the server (started now if not yet).
+
+    Args:
+      argv: the command; see `forkable`.
+      env: its whole environment.
+      cwd: its working directory; None: this process's.
+      preexec: unused (a forked task always dies with the server and starts unblocked).
+
+    Returns:
+      The `ForkedTask`, or None where this command cannot be forked (start it as a process):
+      not `forkable`, an environment that differs (`same_but_per_task`), or a server that
+      failed to start (said once on stderr).
+    """
+    del preexec
+    env = dict(env)
+    if self.failed or not forkable(argv, env, self._python):
+      return None
+    with self._lock:
+      if self._server is None:
+        self._open(env)
+      if not same_but_per_task(env, self._env):
+        return None
+      read, write = os.pipe()
+      try:
+        request = json.dumps({"argv": list(argv), "env": env,
+                              "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
+        with self._ended:
+          self._replies.clear()
+        try:
+          socket.send_fds(self._socket, [request], [write])
+        except OSError:
+          return self._gone("its socket closed")
+      finally:
+        os.close(write)
+      with self._ended:
+        self._ended.wait_for(lambda: self._replies or not self._alive)
+        reply = self._replies.pop() if self._replies else {"error": "the server ended"}
+      if "pid" not in reply:
+        os.close(read)
+        return self._gone(reply["error"])
+      task = ForkedTask(reply["pid"], os.fdopen(read, "rb"), self._ended)
+      with self._ended:
+        self._tasks[task.pid] = task
+        self._ended.notify_all()
+      return task
+
+  def close(self) -> None:
+    """Ends the server (its tasks were stopped by their launch; any left die with it)."""
+    if self._server is None:
+      return
+    with contextlib.suppress(OSError):
+      self._socket.shutdown(socket.SHUT_RDWR)
+    self._socket.close()
+    try:
+      self._server.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      self._server.kill()
+      self._server.wait()
+
+  def _open(self, env: dict[str, str]) -> None:
+    from tfdist.machine import children  # Below every room, as this file.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self._env = {k: v for k, v in env.items() if k not in PER_TASK[:-1]
+                 and not k.startswith("TFDIST_")}
+    self._server = subprocess.Popen(
+        [self._python, os.path.abspath(__file__), str(theirs.fileno())], env=self._env,
+        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=children.start_as_child)
+    theirs.close()
+    self._socket, self._alive = ours, True
+    threading.Thread(target=self._listen, daemon=True, name="tfdist-preload").start()
+
+  def _listen(self) -> None:
+    """Replies to `start`, and each task's end (its exit code as Popen's `returncode`)."""
+    while True:
+      try:
+        message = self._socket.recv(_MESSAGE)
+      except OSError:
+        message = b""
+      with self._ended:
+        if not message:
+          for task in self._tasks.values():  # The server died: so did its tasks.
+            if task.returncode is None:
+              task.returncode = -signal.SIGKILL
+          self._alive = False
+          self._ended.notify_all()
+          return
+        reply = json.loads(message)
+        if "ended" in reply:
+          self._ended.wait_for(lambda: reply["ended"] in self._tasks, timeout=5)
+          if reply["ended"] in self._tasks:
+            self._tasks[reply["ended"]].returncode = reply["code"]
+        else:
+          self._replies.append(reply)
+        self._ended.notify_all()
+
+  def _gone(self, why: str) -> None:
+    self.failed = True
+    print(f"tfdist: the preloaded TensorFlow server failed ({why}); tasks start as their own "
+          "processes", file=sys.stderr, flush=True)
+    return None
+
+
+# The server's side: this file run as a script by `Preloaded`. Standard library only, until it
+# imports TensorFlow and Keras.
+
+
+def serve(fd: int) -> None:
+  """Imports TensorFlow and Keras, then forks a task for each request on socket `fd` and says
+  each one's pid and, once reaped, its exit code; ends when the socket closes."""
+  import selectors
+  path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+  base = [p for p in sys.path if os.path.abspath(p) not in path]
+  import tensorflow  # noqa: F401  What every task would import.
+  import keras  # noqa: F401
+  sock = socket.socket(fileno=fd)
+  selector = selectors.DefaultSelector()
+  selector.register(sock, selectors.EVENT_READ)
+  while True:
+    if selector.select(timeout=0.05):
+      try:
+        request, fds, _, _ = socket.recv_fds(sock, _MESSAGE, 1)
+      except OSError:
+        request, fds = b"", []
+      if not request:
+        return
+      try:
+        pid = _fork(json.loads(request), fds[0], base, sock)
+        _send(sock, {"pid": pid})
+      except Exception as e:  # noqa: BLE001  Said to the launcher, which starts it itself.
+        _send(sock, {"error": f"{type(e).__name__}: {e}"})
+      finally:
+        for fd_ in fds:
+          os.close(fd_)
+    with contextlib.suppress(ChildProcessError):
+      while (ended := os.waitpid(-1, os.WNOHANG))[0]:
+        _send(sock, {"ended": ended[0], "code": os.waitstatus_to_exitcode(ended[1])})
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+  with contextlib.suppress(OSError):
+    sock.send(json.dumps(message).encode())
+
+
+def _fork(request: dict, out: int, base: list[str], sock: socket.socket) -> int:
+  pid = os.fork()
+  if pid:
+    return pid
+  code = 1
+  try:
+    sock.close()
+    code = _run(request, out, base)
+  except BaseException:  # noqa: BLE001  Before the program ran: said on its output.
+    import traceback
+    traceback.print_exc()
+  finally:
+    if code < 0:  # Ended by an uncaught KeyboardInterrupt: by SIGINT, as the interpreter.
+      signal.signal(-code, signal.SIG_DFL)
+      os.kill(os.getpid(), -code)
+    os._exit(code)  # noqa: SLF001  Never back into the server's loop.
+
+
+def _run(request: dict, out: int, base: list[str]) -> int:
+  """The forked task, made as a fresh interpreter would be, then its program run; its exit
+  code."""
+  import atexit
+  import builtins
+  import importlib.util
+  import io
+  import runpy
+  import types
+  os.setsid()
+  here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "children.py")
+  spec = importlib.util.spec_from_file_location("_tfdist_children", here)
+  children = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(children)
+  children.start_as_child()  # Dies with the server, which dies with its launcher.
+  null = os.open(os.devnull, os.O_RDONLY)
+  for fd, to in ((null, 0), (out, 1), (out, 2)):
+    os.dup2(fd, to)
+  os.close(null)
+  env, argv = request["env"], list(request["argv"][1:])
+  os.chdir(request["cwd"])
+  os.environ.clear()
+  os.environ.update(env)
+  unbuffered = argv[0] == "-u" or bool(env.get("PYTHONUNBUFFERED"))
+  argv = argv[1:] if argv[0] == "-u" else argv
+  sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.open(0, "rb", closefd=False))
+  sys.stdout = sys.__stdout__ = _stream(1, unbuffered, "strict", line=False)
+  sys.stderr = sys.__stderr__ = _stream(2, unbuffered, "backslashreplace", line=True)
+  numpy = sys.modules.get("numpy")
+  if numpy is not None:
+    numpy.random.seed()  # Python's `random` reseeds itself in a fork; NumPy's does not.
+  path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+  module = argv[1] if argv[0] == "-m" else None
+  first = os.getcwd() if module else os.path.dirname(os.path.realpath(argv[0]))
+  sys.path[:] = [first, *path, *base]
+  if env.get(_PREPARE_ENV) == "1":
+    _import_tfdist_after(builtins)
+  sys.argv = ["-m", *argv[2:]] if module else argv
+  sys.modules["__main__"] = main = types.ModuleType("__main__")  # Not the server's.
+  main.__builtins__ = builtins
+  code = 0
+  try:
+    if module:
+      runpy._run_module_as_main(module, alter_argv=True)  # noqa: SLF001  As `-m` does.
+    elif os.path.isdir(argv[0]) or not argv[0].endswith(".py") and _is_zip(argv[0]):
+      runpy.run_path(argv[0], run_name="__main__")
+    else:
+      _run_file(argv[0], main)
+  except SystemExit as e:
+    code = _exit_code(e.code)
+  except BaseException as e:  # noqa: BLE001  As the interpreter: its hook prints it, exit 1.
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+      tb = tb.tb_next  # The program's frames, not this file's.
+    sys.excepthook(type(e), e, tb)
+    code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+  import threading as threads
+  threads._shutdown()  # noqa: SLF001  The script's threads, joined as at a normal exit.
+  atexit._run_exitfuncs()  # noqa: SLF001
+  for name in [n for n in main.__dict__ if n != "__builtins__"]:
+    main.__dict__[name] = None  # As the interpreter's teardown: a file left open is flushed.
+  import gc
+  gc.collect()
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  return code
+
+
+def _run_file(path: str, main) -> None:
+  """`python PATH`: the file's code run in the `__main__` module, as the interpreter runs it."""
+  from importlib.machinery import SourceFileLoader
+  with open(path, "rb") as f:
+    source = f.read()
+  main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader(
+      "__main__", path), __spec__=None, __package__=None)
+  exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)  # noqa: S102
+
+
+def _is_zip(path: str) -> bool:
+  import zipfile
+  return zipfile.is_zipfile(path)
+
+
+def _stream(fd: int, unbuffered: bool, errors: str, line: bool):
+  import io
+  raw = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
+  return io.TextIOWrapper(raw, encoding=sys.stdout.encoding, errors=errors,
+                          line_buffering=line and not unbuffered, write_through=unbuffered)
+
+
+def _exit_code(code) -> int:
+  """A `SystemExit`'s code as the interpreter makes it an exit status."""
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code & 0xFF
+  print(code, file=sys.stderr)
+  return 1
+
+
+def _import_tfdist_after(builtins) -> None:
+  """tfdist imported just after the script's first import of TensorFlow or Keras (or tfdist,
+  which imports itself), as `tfdist/script_hook`'s `sitecustomize` does in a fresh interpreter:
+  here both are imported already, so their first `import` statement is the moment."""
+  original = builtins.__import__
+
+  def hooked(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+    module = original(name, globals, locals, fromlist, level)
+    if level == 0 and name.split(".")[0] in (*_HOOKED, "tfdist"):
+      builtins.__import__ = original
+      original("tfdist")
+    return module
+  builtins.__import__ = hooked
+
+
+if __name__ == "__main__":
+  del sys.path[0]  # This folder: its modules are not the task's.
+  serve(int(sys.argv[1]))
