@@ -158,9 +158,11 @@ def main(argv):
   print("\n| kill -9 of worker-1, backups every 3 steps | seconds to training again | steps "
         "redone |\n|---|---|---|")
   local = [recovery.kill9(3) for _ in range(FLAGS.rounds)]
+  own = [recovery.kill9(3, launch_flags=("--preload", "off")) for _ in range(FLAGS.rounds)]
   with recovery.ray_head() as address:
     ray = [recovery.kill9(3, ray_address=address) for _ in range(FLAGS.rounds)]
-  for label, runs in (("local", local), ("Ray (its actor killed)", ray)):
+  for label, runs in (("local", local), ("local, --preload off (each task its own "
+                                         "interpreter)", own), ("Ray (its actor killed)", ray)):
     print(f"{_row(label, [s for s, _ in runs])} {', '.join(str(r) for _, r in runs)} |")
 
 

@@ -21,9 +21,11 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray binds 127.0.0.1 only.
 
 
-def kill9(every: int, ray_address: str | None = None) -> tuple[float, int]:
+def kill9(every: int, ray_address: str | None = None,
+          launch_flags: tuple[str, ...] = ()) -> tuple[float, int]:
   """(seconds from the kill to training again, steps redone) of one launch, backups every
-  `every` steps (0: epoch ends); on the Ray head at `ray_address` when given."""
+  `every` steps (0: epoch ends); on the Ray head at `ray_address` when given; `launch_flags`
+  given to `tfdist launch` (`("--preload", "off")`)."""
   with tempfile.TemporaryDirectory() as tmp:
     config = os.path.join(tmp, "config.yaml")
     with open(config, "w") as out:
@@ -33,7 +35,8 @@ def kill9(every: int, ray_address: str | None = None) -> tuple[float, int]:
            "TMPDIR": tmp, **LOOPBACK, **({"RAY_ADDRESS": ray_address} if ray_address else {})}
     backend = ["--backend", "ray"] if ray_address else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "tfdist", "launch", config, *backend, "--logs", f"{tmp}/logs",
+        [sys.executable, "-m", "tfdist", "launch", config, *backend, *launch_flags, "--logs",
+         f"{tmp}/logs",
          "--max-restarts", "1", "--grace-period", "3", "--", sys.executable,
          os.path.join(_REPO, "tests", "programs", "resumable.py")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

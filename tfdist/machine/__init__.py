@@ -3,6 +3,7 @@ which precision trains faster here), free ports, and how a child process is star
 
 Takes: nothing of tfdist's. Gives: `facts` (CPU, GPUs), `speed` and `precision` (what `auto`
 picks, measured once and cached), `ports` (free, held), `children` (a child dies with its
-parent), `banners` (TensorFlow's start-up lines). Never imports: any room of tfdist but
+parent), `preload` (Python tasks forked from one process that imported TensorFlow once),
+`banners` (TensorFlow's start-up lines). Never imports: any room of tfdist but
 `errors`.
 """

@@ -306,6 +306,7 @@ def _run(request: dict, out: int, base: list[str]) -> int:
   for fd, to in ((null, 0), (out, 1), (out, 2)):
     os.dup2(fd, to)
   os.close(null)
+  os.close(out)
   env, argv = request["env"], list(request["argv"][1:])
   os.chdir(request["cwd"])
   os.environ.clear()
