@@ -122,22 +122,20 @@ class Preloaded:
     self._env: dict[str, str] | None = None
     self.failed = False
 
-  def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-            preexec=None) -> ForkedTask | None:
+  def start(self, argv: Sequence[str], env: Mapping[str, str],
+            cwd: str | None = None) -> ForkedTask | None:
     """Forks `argv` with `env` from the server (started now if not yet).
 
     Args:
       argv: the command; see `forkable`.
       env: its whole environment.
       cwd: its working directory; None: this process's.
-      preexec: unused (a forked task always dies with the server and starts unblocked).
 
     Returns:
       The `ForkedTask`, or None where this command cannot be forked (start it as a process):
       not `forkable`, an environment that differs (`same_but_per_task`), or a server that
       failed to start (said once on stderr).
     """
-    del preexec
     env = dict(env)
     if self.failed or not forkable(argv, env, self._python):
       return None
@@ -186,8 +184,8 @@ class Preloaded:
   def _open(self, env: dict[str, str]) -> None:
     from tfdist.machine import children  # Below every room, as this file.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self._env = {k: v for k, v in env.items() if k not in PER_TASK[:-1]
-                 and not k.startswith("TFDIST_")}
+    self._env = {k: v for k, v in env.items()  # The first task's PYTHONPATH: the server's.
+                 if (k not in PER_TASK or k == "PYTHONPATH") and not k.startswith("TFDIST_")}
     self._server = subprocess.Popen(
         [self._python, os.path.abspath(__file__), str(theirs.fileno())], env=self._env,
         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
