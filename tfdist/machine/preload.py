@@ -238,6 +238,7 @@ def serve(fd: int) -> None:
   base = [p for p in sys.path if os.path.abspath(p) not in path]
   import tensorflow  # noqa: F401  What every task would import.
   import keras  # noqa: F401
+  children = _sibling("children")  # Once here; each forked task calls it.
   sock = socket.socket(fileno=fd)
   selector = selectors.DefaultSelector()
   selector.register(sock, selectors.EVENT_READ)
@@ -250,7 +251,7 @@ def serve(fd: int) -> None:
       if not request:
         return
       try:
-        pid = _fork(json.loads(request), fds[0], base, sock)
+        pid = _fork(json.loads(request), fds[0], base, sock, children)
         _send(sock, {"pid": pid})
       except Exception as e:  # noqa: BLE001  Said to the launcher, which starts it itself.
         _send(sock, {"error": f"{type(e).__name__}: {e}"})
@@ -267,13 +268,25 @@ def _send(sock: socket.socket, message: dict) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def _fork(request: dict, out: int, base: list[str], sock: socket.socket) -> int:
+def _sibling(name: str):
+  """This folder's module `name`, loaded by path: the server never imports tfdist."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      f"_tfdist_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _fork(request: dict, out: int, base: list[str], sock: socket.socket, children) -> int:
   pid = os.fork()
   if pid:
     return pid
   code = 1
   try:
     sock.close()
+    os.setsid()
+    children.start_as_child()  # Dies with the server, which dies with its launcher.
     code = _run(request, out, base)
   except BaseException:  # noqa: BLE001  Before the program ran: said on its output.
     import traceback
@@ -290,16 +303,9 @@ def _run(request: dict, out: int, base: list[str]) -> int:
   code."""
   import atexit
   import builtins
-  import importlib.util
   import io
   import runpy
   import types
-  os.setsid()
-  here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "children.py")
-  spec = importlib.util.spec_from_file_location("_tfdist_children", here)
-  children = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(children)
-  children.start_as_child()  # Dies with the server, which dies with its launcher.
   null = os.open(os.devnull, os.O_RDONLY)
   for fd, to in ((null, 0), (out, 1), (out, 2)):
     os.dup2(fd, to)

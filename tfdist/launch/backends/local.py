@@ -27,7 +27,7 @@ def discover(config, options, environ: Mapping[str, str]) -> Discovery:
     raise ConfigError("a local launch takes free ports, or the ports of the cluster's "
                       "addresses; leave it out (it is for --backend slurm and export)",
                       key="--task-port", received=options.grpc_port)
-  preloads = getattr(options, "preload", False)
+  preloads = options.preload
   if preloads is None:  # Forking from a CUDA build's import is not yet measured on a GPU.
     preloads = not facts.visible_gpus(environ)
   return Discovery(config, options.task, starter=Preloaded() if preloads else None)
