@@ -150,3 +150,20 @@ def test_launch_forks_python_tasks_from_the_preloaded_server_unless_told_not_to(
   assert result.returncode == 0, result.stderr
   line = next(line for line in result.stdout.splitlines() if "parent:" in line)
   assert parent in line.split("parent:")[1], line
+
+
+@pytest.mark.parametrize("flags,said", [(("--preload", "on"), True), ((), False)])
+def test_a_command_that_cannot_be_forked_starts_as_a_process_said_once_when_asked(
+    tmp_path, flags, said):
+  result = subprocess.run(
+      [sys.executable, "-m", "tfdist", "launch", str(CONFIGS / "multi_worker_mirrored.yaml"),
+       "--logs", str(tmp_path / "logs"), *flags, "--verbose", "--", sys.executable, "-c",
+       "import os; print('parent:', open(f'/proc/{os.getppid()}/cmdline').read()"
+       ".replace(chr(0), ' '))"],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  parents = [line for line in result.stdout.splitlines()
+             if line.startswith("[worker-") and "parent:" in line]
+  assert len(parents) == 2 and all("tfdist" in p and "preload.py" not in p for p in parents)
+  line = "tfdist launch: --preload on: worker-0 starts as its own process: its command is not"
+  assert result.stderr.count(line) == (1 if said else 0), result.stderr

@@ -6,6 +6,7 @@ imported TensorFlow once (`--preload`, `machine.preload`)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from typing import Mapping
 
 from tfdist.errors import ConfigError
@@ -30,19 +31,29 @@ def discover(config, options, environ: Mapping[str, str]) -> Discovery:
   preloads = options.preload
   if preloads is None:  # Forking from a CUDA build's import is not yet measured on a GPU.
     preloads = not facts.visible_gpus(environ)
-  return Discovery(config, options.task, starter=Preloaded() if preloads else None)
+  return Discovery(config, options.task,
+                   starter=Preloaded(asked=bool(options.preload)) if preloads else None)
 
 
 class Preloaded:
   """Starts each task forked from a server that imported TensorFlow and Keras once, where its
   command allows (`preload.Preloaded.start`), else as `start` does; the server ends with the
-  launch."""
+  launch. `asked` (`--preload on`): the first task that cannot be forked is said, once."""
 
-  def __init__(self):
+  def __init__(self, asked: bool = False):
     self._server = preload.Preloaded()
+    self._unsaid = asked
 
   def start(self, process) -> subprocess.Popen:
-    return self._server.start(process.argv, process.environ()) or start(process)
+    forked = self._server.start(process.argv, process.environ())
+    if forked is None and self._unsaid:
+      self._unsaid = False
+      print(f"tfdist launch: --preload on: {process.name} starts as its own process: its "
+            f"command is not `python SCRIPT` or `python -m MODULE` run by {sys.executable} "
+            "(a shim or another interpreter, interpreter options), or its environment "
+            "differs from the first task's beyond TF_CONFIG, CUDA_VISIBLE_DEVICES, "
+            "TF_FORCE_GPU_ALLOW_GROWTH, PYTHONPATH and TFDIST_*", file=sys.stderr, flush=True)
+    return forked or start(process)
 
   def close(self) -> None:
     self._server.close()
