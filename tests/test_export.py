@@ -176,12 +176,31 @@ def test_a_preempted_task_records_42_before_a_peer_that_srun_stopped(tmp_path):
   assert (tmp_path / "tfdist-8.exit").read_text() == "7\n"
 
 
+def consecutive_held_ports():
+  """A free port and the next one, each held (as `HeldPorts` holds: bound with SO_REUSEADDR, not
+  listening) until the script's servers bind them, so no other test takes them meanwhile."""
+  while True:
+    with HeldPorts(1) as first:
+      port = first.ports[0]
+    held = []
+    for candidate in (port, port + 1):
+      sock = socket.socket()
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        sock.bind(("", candidate))
+      except OSError:
+        sock.close()
+        break
+      held.append(sock)
+    if len(held) == 2:
+      return port, held
+    for sock in held:
+      sock.close()
+
+
 def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_path):
   path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
-  with HeldPorts(1) as held:  # A free first port; the second is checked below.
-    port = held.ports[0]
-  with socket.socket() as probe:
-    probe.bind(("", port + 1))
+  port, held = consecutive_held_ports()
   exported = tfdist_cli("export", "slurm", str(path), "--task-port", str(port), "--",
                         sys.executable, str(PROGRAMS / "equivalence_case.py"), "plain")
   assert exported.returncode == 0, exported.stderr
@@ -197,6 +216,8 @@ def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_p
   finally:
     if process.poll() is None:
       os.killpg(process.pid, 9)
+    for socket_ in held:
+      socket_.close()
   assert process.returncode == 0, output[-3000:]
   for index in (0, 1):
     assert f"127.0.0.1:{port + index}" in output
