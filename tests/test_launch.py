@@ -233,8 +233,13 @@ def test_readme_main_job_trains_the_example_on_a_local_two_worker_cluster(tmp_pa
                       docs_blocks.named("the main job").code).group(1)
   argv = command.split()
   assert argv[:3] == ["tfdist", "launch", "configs/multi_worker_mirrored.yaml"]
-  result = launch(*argv[2:3], "--logs", str(tmp_path), *argv[3:])
+  # The config as it is but for its /tmp/tfdist folders: a finished run's checkpoints there
+  # would be resumed by the next run of the suite.
+  config = tmp_path / "multi_worker_mirrored.yaml"
+  config.write_text((REPO / argv[2]).read_text().replace("/tmp/tfdist", str(tmp_path / "tfdist")))
+  result = launch(str(config), "--logs", str(tmp_path), *argv[3:])
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  assert any((tmp_path / "tfdist" / "mwms" / "checkpoints").iterdir())
   shown = re.findall(r"\[worker-0\] test loss [\d.]+ accuracy ([\d.]+) \(multi_worker_mirrored, "
                      r"2 replicas\)", result.stdout)
   logged = re.findall(r"test loss [\d.]+ accuracy ([\d.]+)", (tmp_path / "worker-1.log").read_text())

@@ -111,3 +111,24 @@ def test_the_parameter_server_chief_saves_on_a_notice_and_the_relaunch_resumes(t
   assert re.search(r"\[chief-0\] tfdist: resuming at epoch [34] of 5", output), output[-3000:]
   chief = json.loads(re.search(r"\[chief-0\] RESULT (.*)", output).group(1))
   assert chief["epochs"][-1] == 4 and chief["iterations"] >= 5 * 40
+
+
+def test_a_servers_chief_watch_stops_after_a_notice_only_when_probes_miss_it_in_a_row():
+  """One missed probe of a live chief (a connect timing out on a loaded machine) once stopped
+  every server while the chief saved from their variables: the save failed, no exit 42."""
+  from tfdist.strategy.cluster_server import ChiefWatch
+  watch = ChiefWatch("127.0.0.1:1", gone_seconds=30)
+  assert watch.probed(True, stopping=False, now=0) is None
+  # After the notice: a miss, then the chief again, then misses in a row (a second apart).
+  probes = [watch.probed(reachable, stopping=True, now=1 + i)
+            for i, reachable in enumerate([False, True, False, False, False, False])]
+  stops = [i for i, why in enumerate(probes) if why]
+  assert stops and stops[0] in (3, 4), probes  # After two or three misses in a row, not one.
+  assert probes[stops[0]] == "the chief at 127.0.0.1:1 is gone: stopping"
+  # Without a notice: gone once unreachable for gone_seconds after it was seen.
+  quiet = ChiefWatch("127.0.0.1:1", gone_seconds=30)
+  assert [quiet.probed(False, stopping=False, now=t) for t in (0, 100)] == [None, None]  # Unseen.
+  quiet.probed(True, stopping=False, now=101)
+  assert [quiet.probed(False, stopping=False, now=t) for t in (102, 131)] == [None, None]
+  assert quiet.probed(False, stopping=False, now=132) == (
+      "the chief at 127.0.0.1:1 is gone for 30 s: the job is done; stopping")

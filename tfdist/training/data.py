@@ -35,7 +35,10 @@ _FILE_READERS = {b"TFRecordDataset", b"TFRecordDatasetV2", b"TextLineDataset",
 _DEFAULT_SHUFFLE_SEED = 0
 KERAS_BATCH_SIZE = 32
 """Keras's `fit`/`evaluate`/`predict` batch for arrays when none is given, so tfdist's too."""
-_EMPTY_BATCH_ERRORS = ("Missing 1-th output", "evenly divisible by filter depth")
+EMPTY_REPLICA_BATCH = "tfdist: a replica would get a training batch with no examples"
+"""The assertion tfdist adds to a training dataset, for a batch that leaves a replica none."""
+_EMPTY_BATCH_ERRORS = (EMPTY_REPLICA_BATCH, "Missing 1-th output",
+                       "evenly divisible by filter depth")
 
 
 class DataError(TfdistError, ValueError):
@@ -95,7 +98,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
                       f"Received: y of type {type(y).__name__}")
     require_batched(x, name)
     require_batched_by(x, batch_size, name)
-    return then(with_shard_policy(x))
+    return then(_refusing_empty_replica_batches(with_shard_policy(x), _replicas(strategy), name))
   if is_arrays(x):
     require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
@@ -272,6 +275,25 @@ def _without_empty_replica_batches(arrays, batch_size: int, replicas: int, name:
   return tf.nest.map_structure(lambda a: a[:keep], arrays)
 
 
+def _refusing_empty_replica_batches(dataset: tf.data.Dataset, replicas: int, name: str):
+  """`dataset` failing with `EMPTY_REPLICA_BATCH` at a training batch too small to give each of
+  `replicas` an example (`usable_count`'s split). Keras averages the replicas' mean losses, so
+  an empty replica would halve that step's gradient: a silent drift where TensorFlow's kernels
+  accept an empty batch (Eigen's), an error where they do not (oneDNN's convolutions)."""
+  if replicas <= 1 or name != "train_data":
+    return dataset
+
+  def checked(*element):
+    first = next(t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor))
+    count = tf.shape(first)[0]
+    per_replica = (count + replicas - 1) // replicas
+    with tf.control_dependencies([tf.debugging.assert_less(
+        per_replica * (replicas - 1), count, message=EMPTY_REPLICA_BATCH)]):
+      element = tf.nest.map_structure(tf.identity, element)
+    return element if len(element) > 1 else element[0]
+  return dataset.map(checked)
+
+
 def batch_count(x, batch_size: int, replicas: int = 1) -> int:
   """Batches in one epoch of numpy input `x` over `replicas`, the last one partial."""
   return -(-usable_count(len(tf.nest.flatten(x)[0]), batch_size, replicas) // batch_size)
@@ -303,10 +325,11 @@ def empty_batches_explained(name: str):
     if not any(text in str(e) for text in _EMPTY_BATCH_ERRORS):
       raise
     raise DataError(f"{name}: a replica received an empty batch (the data's last batch, split "
-                    "over the replicas, left it none), and TensorFlow's convolution gradients "
-                    "fail on one: batch with drop_remainder=True, or pass numpy arrays (tfdist "
-                    f"then leaves out the few examples concerned). Received: {type(e).__name__}"
-                    ) from None
+                    "over the replicas, left it none): Keras would average its loss with the "
+                    "others' as if it had examples, and TensorFlow's convolution gradients fail "
+                    "on one under oneDNN: batch with drop_remainder=True, or pass numpy arrays "
+                    "(tfdist then leaves out the few examples concerned). Received: "
+                    f"{type(e).__name__}") from None
 
 
 def _replicas(strategy) -> int:
