@@ -77,6 +77,25 @@ def test_tensorflow_multi_worker_tutorial_script_runs_unchanged_on_two_workers(t
   _assert_same(got, want, "tutorial")
 
 
+def test_a_scripts_own_multi_worker_strategy_keeps_the_collective_runtime_tfdist_enabled():
+  """The tutorial script makes its own strategy after the one tfdist made at import: TensorFlow
+  enabled collective ops again on the running context, and a worker doing so while its peer
+  broadcast the first variable hung both (1 launch in 8). Plain TensorFlow's count is the
+  upstream behaviour `factory.enable_collective_ops_once` works around: once it is 1, delete
+  the workaround."""
+  from tfdist.machine.ports import HeldPorts
+  counts = {}
+  for mode in ("plain", "tfdist"):
+    with HeldPorts(1) as held:  # Held (not listening) until TensorFlow's server binds it.
+      done = subprocess.run([sys.executable, str(PROGRAMS / "collective_ops_enabled.py"), mode,
+                             str(held.ports[0])], env={**ENV, "PYTHONPATH": str(REPO)},
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts[mode] = [line.split()[1:] for line in done.stdout.splitlines()
+                    if line.startswith("ENABLED ")]
+  assert counts == {"plain": [["2", "1.0"]], "tfdist": [["1", "1.0"]]}
+
+
 def test_keras_guide_mirrored_script_runs_unchanged_on_two_logical_cpus(tmp_path):
   """Keras's guide's `MirroredStrategy()` finds the launch's 2 logical CPUs (the launched
   process imports tfdist when TensorFlow is imported: its devices first)."""
