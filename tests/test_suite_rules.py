@@ -57,3 +57,13 @@ def test_the_machines_gpus_reach_xdist_workers_and_a_second_import_while_hidden(
   done = subprocess.run([sys.executable, "-c", _GPU_LIST], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=120)
   assert done.stdout.strip() == "['2', '3'] ['2', '3'] ['2', '3'] ''", done.stderr[-2000:]
+
+
+def test_the_slowest_first_files_are_the_suites_and_the_slowest_come_first(request):
+  """`conftest.SLOWEST_FIRST` names files that exist (a renamed one would drop back into the
+  collected order unnoticed), and the session's items start with them, in that order."""
+  from tests.conftest import SLOWEST_FIRST
+  assert [name for name in SLOWEST_FIRST if not (REPO / "tests" / name).is_file()] == []
+  files = list(dict.fromkeys(item.path.name for item in request.session.items))
+  selected = [name for name in SLOWEST_FIRST if name in files]
+  assert files[:len(selected)] == selected
