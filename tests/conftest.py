@@ -185,6 +185,18 @@ PROGRAMS = REPO / "tests" / "programs"
 
 
 @pytest.fixture(autouse=True)
+def _checkpoint_save_restored():
+  """tfdist points a non-chief task's own `tf.train.Checkpoint.save` aside for the whole process
+  (`user_files.checkpoints_on_chief_only`: a launched task is one process); a test running a
+  non-chief config in this process would leave it pointed aside for the tests after it (seen:
+  an asynchronous-checkpoint test's restore looked in an evaluator's scratch folder)."""
+  import tensorflow as tf
+  own = tf.train.Checkpoint.save
+  yield
+  tf.train.Checkpoint.save = own
+
+
+@pytest.fixture(autouse=True)
 def _devices_first(request):
   """Every test process splits its CPU into 2 logical devices before its first test, whichever
   files pytest-xdist gives it first (TensorFlow takes the split only before it starts)."""

@@ -284,7 +284,9 @@ def _refusing_empty_replica_batches(dataset: tf.data.Dataset, replicas: int, nam
     return dataset
 
   def checked(*element):
-    first = next(t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor))
+    first = next((t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor)), None)
+    if first is None or not first.shape.rank:  # Only ragged or sparse parts: not counted.
+      return element if len(element) > 1 else element[0]
     count = tf.shape(first)[0]
     per_replica = (count + replicas - 1) // replicas
     with tf.control_dependencies([tf.debugging.assert_less(
