@@ -180,22 +180,15 @@ def consecutive_held_ports():
   """A free port and the next one, each held (as `HeldPorts` holds: bound with SO_REUSEADDR, not
   listening) until the script's servers bind them, so no other test takes them meanwhile."""
   while True:
-    with HeldPorts(1) as first:
-      port = first.ports[0]
-    held = []
-    for candidate in (port, port + 1):
-      sock = socket.socket()
-      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      try:
-        sock.bind(("", candidate))
-      except OSError:
-        sock.close()
-        break
-      held.append(sock)
-    if len(held) == 2:
-      return port, held
-    for sock in held:
-      sock.close()
+    first = HeldPorts(1)
+    second = socket.socket()
+    second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      second.bind(("", first.ports[0] + 1))
+      return first.ports[0], (first, second)
+    except OSError:  # The next port is taken: pick another first.
+      first.close()
+      second.close()
 
 
 def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_path):
@@ -216,8 +209,8 @@ def test_generated_sbatch_script_trains_a_two_worker_cluster(write_config, tmp_p
   finally:
     if process.poll() is None:
       os.killpg(process.pid, 9)
-    for socket_ in held:
-      socket_.close()
+    for holder in held:
+      holder.close()
   assert process.returncode == 0, output[-3000:]
   for index in (0, 1):
     assert f"127.0.0.1:{port + index}" in output

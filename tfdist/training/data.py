@@ -259,9 +259,15 @@ def usable_count(count: int, batch_size: int, replicas: int) -> int:
   (fewer than k) gives every replica at least one.
   """
   last = count % batch_size
-  if replicas <= 1 or not last or -(-last // replicas) * (replicas - 1) < last:
+  if replicas <= 1 or not last or not leaves_a_replica_empty(last, replicas):
     return count
   return count - last % replicas
+
+
+def leaves_a_replica_empty(rows, replicas: int):
+  """Whether a batch of `rows` examples (an int or an int tensor), split over `replicas` in
+  pieces of ceil(rows/replicas) as tf.distribute splits it, leaves the last replica none."""
+  return -(-rows // replicas) * (replicas - 1) >= rows
 
 
 def _without_empty_replica_batches(arrays, batch_size: int, replicas: int, name: str):
@@ -285,13 +291,11 @@ def _refusing_empty_replica_batches(dataset: tf.data.Dataset, replicas: int, nam
 
   def checked(*element):
     first = next((t for t in tf.nest.flatten(element) if isinstance(t, tf.Tensor)), None)
-    if first is None or not first.shape.rank:  # Only ragged or sparse parts: not counted.
-      return element if len(element) > 1 else element[0]
-    count = tf.shape(first)[0]
-    per_replica = (count + replicas - 1) // replicas
-    with tf.control_dependencies([tf.debugging.assert_less(
-        per_replica * (replicas - 1), count, message=EMPTY_REPLICA_BATCH)]):
-      element = tf.nest.map_structure(tf.identity, element)
+    if first is not None and first.shape.rank:  # Only ragged or sparse parts: not counted.
+      empty = leaves_a_replica_empty(tf.shape(first)[0], replicas)
+      with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(empty),
+                                                        [EMPTY_REPLICA_BATCH])]):
+        element = tf.nest.map_structure(tf.identity, element)
     return element if len(element) > 1 else element[0]
   return dataset.map(checked)
 
