@@ -30,7 +30,7 @@ def kill9(every: int, ray_address: str | None = None,
     config = os.path.join(tmp, "config.yaml")
     with open(config, "w") as out:
       out.write("cluster: {worker: 2}\n"
-                f"checkpoint: {{dir: {tmp}/checkpoints, backup_every_steps: {every}}}\n")
+                f"checkpoint: {{dir: {tmp}/checkpoints, backup_every_steps: {every}, backup_budget: null}}\n")
     env = {**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "STEP_LINES": "1",
            "TMPDIR": tmp, **LOOPBACK, **({"RAY_ADDRESS": ray_address} if ray_address else {})}
     backend = ["--backend", "ray"] if ray_address else []

@@ -127,7 +127,7 @@ def test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights(
   22) with backups every 3 steps: the restart resumes at the epoch's checkpoint (step 16), or
   at a step backup (19, or 22 when the one begun at 22 was written before the restart: never
   the epoch's start), and ends with one device's weights."""
-  every = "" if killed == "epoch_end" else ", backup_every_steps: 3"
+  every = "" if killed == "epoch_end" else ", backup_every_steps: 3, backup_budget: null"
   output, result = launch(
       tmp_path, MWMS + f"checkpoint: {{dir: {tmp_path / 'checkpoints'}{every}}}\n",
       "custom_loop.py", "keras_loss", *(["2"] if killed == "epoch_end" else []),
@@ -208,7 +208,7 @@ def test_a_step_backup_at_an_epochs_end_is_the_epochs_checkpoint_not_a_second_sa
     asked.append(int(checkpoint_number))
     return save(manager, checkpoint_number=checkpoint_number, **kwargs)
   monkeypatch.setattr(tf.train.CheckpointManager, "save", recorded)
-  loop, _, step, dataset = small_loop(tmp_path, backup_every_steps=4)
+  loop, _, step, dataset = small_loop(tmp_path, backup_every_steps=4, backup_budget=None)
   for _ in loop.epochs(2):
     list(loop.run(step, dataset))
   assert asked == [6, 8, 14, 16]

@@ -65,7 +65,8 @@ _KILLS = {
     "whole": ("", "", {"PAUSE_AFTER_EPOCH": str(KILLED_AFTER_EPOCH)}, (KILLED_AFTER_EPOCH, 0)),
     # Mid-epoch, sharded (issue 34: each backup holds the whole optimizer, gathered from the
     # shards): the step backup of step 3 (every 3 steps, issue 59), killed after step 5.
-    "sharded": ("training: {shard_optimizer: true}\n", ", backup_every_steps: 3",
+    "sharded": ("training: {shard_optimizer: true}\n",
+                ", backup_every_steps: 3, backup_budget: null",
                 {"PAUSE_AT": "2:5"}, (2, 3)),
 }
 
@@ -218,7 +219,8 @@ def test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it(
   import threading
   import keras
   from tfdist.training import checkpoints
-  config = tfdist.load_config({"checkpoint": {"dir": str(tmp_path), "backup_every_steps": 2}},
+  config = tfdist.load_config({"checkpoint": {"dir": str(tmp_path), "backup_every_steps": 2,
+                                              "backup_budget": None}},
                               environ={})
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   model.compile(keras.optimizers.Adam(0.1), "mse")

@@ -63,6 +63,8 @@ class Collective(str, enum.Enum):
   `reset_metrics` for a peer stuck in `on_epoch_end`)."""
   PREEMPTION_AGREEMENT = "the preemption agreement"
   """After each call: every worker's "noticed?" summed (`training.preemption`)."""
+  BACKUP_AGREEMENT = "the step backups' agreement"
+  """At a step backup's due step: whether every worker can afford one (`training.backup_cadence`)."""
   PERIODIC_AVERAGING = "the periodic averaging"
   """`training.average_every`'s all-reduce of the weights (`training.local_sgd`)."""
   STEP_TIMES = "the step times' gather"

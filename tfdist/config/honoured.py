@@ -287,6 +287,15 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_fault_tolerance.py::test_a_cluster_killed_9_resumes_at_its_newest_backup_with_uninterrupted_weights",
                     "test_fault_tolerance.py::test_a_step_backup_is_written_in_the_background_and_loads_as_keras_saved_it",
                     "test_custom_loop.py::test_a_cluster_restarted_after_a_killed_worker_resumes_to_the_same_weights")),
+    "checkpoint.backup_budget": Decision(
+        "a step backup due is skipped while the last cost more than this share of the time "
+        "since it began (its copy and its write; the loop: what the steps waited); every "
+        "worker votes under multi_worker_mirrored",
+        refused={PARAMETER_SERVER: "it backs up at epoch ends only",
+                 **_keras("Keras's own fit saves with its own callbacks")},
+        checked_by=("test_step_backups.py::test_a_backup_due_is_skipped_while_the_last_costs_more_than_the_budget_allows",
+                    "test_step_backups.py::test_the_cadence_skips_a_due_backup_while_the_last_costs_over_its_share",
+                    "test_step_backups.py::test_multi_worker_backups_are_taken_at_the_same_steps_only_when_every_worker_can_afford_them")),
     # -- tensorboard ------------------------------------------------------------------------
     "tensorboard.log_dir": Decision(
         "the chief's curves, each task's throughput and step times, the launcher's events",

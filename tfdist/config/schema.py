@@ -23,6 +23,10 @@ _POSITIVE = rule(lambda v: v > 0, "must be greater than 0")
 _NON_NEGATIVE = rule(lambda v: v >= 0, "must be 0 or greater")
 BACKUP_EVERY_STEPS = 100
 """checkpoint.backup_every_steps's default, measured (BUILD_NOTES.md, "Step backups")."""
+BACKUP_BUDGET = 0.03
+"""checkpoint.backup_budget's default: step backups cost at most 3% of the training time."""
+_SHARE = rule(lambda v: v is None or 0 < v < 1,
+              "must be a share of the time between 0 and 1 (0.03 is 3%), or null")
 _OPTIONAL_POSITIVE = rule(lambda v: v is None or v > 0, "must be greater than 0")
 
 
@@ -299,11 +303,16 @@ class CheckpointConfig:
       (`tfdist.fit`, `TrainingLoop`), written in the background from a copy (the steps go on),
       so a task killed without notice redoes at most this many steps; 0 backs up at epoch ends
       only. Needs `dir`.
+    backup_budget: the largest share of the training time step backups may cost: a backup due
+      at a multiple of `backup_every_steps` is skipped while the last one cost more than this
+      share of the time since it began (said once), so a model with short steps backs up less
+      often; null takes every multiple whatever it costs.
   """
   dir: str | None = None
   max_to_keep: int = _field(3, _POSITIVE)
   preemption_signal: Literal["SIGTERM", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
   backup_every_steps: int = _field(BACKUP_EVERY_STEPS, _NON_NEGATIVE)
+  backup_budget: float | None = _field(BACKUP_BUDGET, _SHARE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import keras
 import numpy as np
@@ -32,6 +33,7 @@ from tfdist.config.loader import RUN_ENV
 from tfdist.config.roles import is_chief, task_name
 from tfdist.config.schema import Config
 from tfdist.machine import children
+from tfdist.training import backup_cadence, report
 
 FINAL_MODEL = "model.keras"
 EPOCH_CHECKPOINT = "epoch-{epoch:04d}.weights.h5"
@@ -83,6 +85,8 @@ class Backup(keras.callbacks.BackupAndRestore):
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
     self.every = config.checkpoint.backup_every_steps
+    self.cadence = backup_cadence.Cadence(self.every, config.checkpoint.backup_budget)
+    self._chief = is_chief(config)
     self._epoch_steps: int | None = None  # Unknown: backups at epoch ends only.
     self._first_step = 0  # Steps of the resumed epoch done before this fit.
     self._epoch = 0
@@ -91,11 +95,14 @@ class Backup(keras.callbacks.BackupAndRestore):
     if not fresh:
       self._adopt_newest()
 
-  def within_epochs(self, epoch_steps: int | None, first_step: int = 0) -> None:
+  def within_epochs(self, epoch_steps: int | None, first_step: int = 0,
+                    cadence: backup_cadence.Cadence | None = None) -> None:
     """Backs up every `checkpoint.backup_every_steps` steps within epochs of `epoch_steps`
     steps (None: their length is unknown, backups at epoch ends only), the first epoch resumed
-    `first_step` steps into it."""
+    `first_step` steps into it, within `checkpoint.backup_budget`: `cadence` is the run's
+    (`settings.backup_cadence`: every worker votes), else this process's own."""
     self._epoch_steps, self._first_step = epoch_steps, first_step
+    self.cadence = cadence or self.cadence
 
   def _adopt_newest(self) -> None:
     """Takes the newest of every task's backups when it is newer than this task's own: a
@@ -144,11 +151,13 @@ class Backup(keras.callbacks.BackupAndRestore):
     (the epoch's last call excepted: the epoch's end saves)."""
     done, before = self._steps_done(batch), self._done
     self._done = done
-    if not (self.every and self._epoch_steps) or done >= self._epoch_steps or \
-        done // self.every == before // self.every:
+    if not self._epoch_steps or done >= self._epoch_steps:
       return
-    self._current_epoch, self._last_batch_seen = self._epoch, done
-    self._save_model(background=True)
+    if self.cadence.due(before, done):
+      self._current_epoch, self._last_batch_seen = self._epoch, done
+      self._save_model(background=True)
+    elif self._chief:
+      report.say(self.cadence.skip_line(f"epoch {self._epoch + 1}, step {done}"))
 
   def on_epoch_end(self, epoch, logs=None):
     self._first_step = 0  # Only the resumed epoch started part-way.
@@ -163,10 +172,12 @@ class Backup(keras.callbacks.BackupAndRestore):
     writes) leaves the previous backup whole. Keras writes in place and falls back to its copy
     (`double_checkpoint`) only on an OSError, but a half-written .h5 fails to load with a
     ValueError (keras-team/keras#20463, #20465)."""
+    self.wait()
+    began = self.cadence.begin()
     copy = weights_copy(self.model)
     position = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
-    self.wait()
-    self._writing = _writer().submit(self._write, copy, position)
+    self._writing = _writer().submit(self._timed_write, copy, position)
+    self.cadence.waited(began)
     if not background:
       self.wait()
 
@@ -175,6 +186,11 @@ class Backup(keras.callbacks.BackupAndRestore):
     if self._writing is not None:
       writing, self._writing = self._writing, None
       writing.result()
+
+  def _timed_write(self, copy: dict, position: dict) -> None:
+    began = time.monotonic()
+    self._write(copy, position)
+    self.cadence.wrote(time.monotonic() - began)
 
   def _write(self, copy: dict, position: dict) -> None:
     os.makedirs(self.backup_dir, exist_ok=True)

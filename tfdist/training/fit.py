@@ -297,7 +297,8 @@ def _callbacks(run: _Run, callbacks) -> list:
   from tfdist.training import report
   from tfdist.monitoring import tensorboard
   if run.files:  # Backups within epochs whose length is known (not the asynchronous loop's).
-    run.files[0].within_epochs(None if run.asynchronous else run.epoch_steps, run.first_step)
+    run.files[0].within_epochs(None if run.asynchronous else run.epoch_steps, run.first_step,
+                               settings.backup_cadence(run.config, run.strategy))
   notice = settings.preemption_notice(run.config, run.strategy)
   if notice is not None:
     from tfdist.training import preemption

@@ -124,6 +124,7 @@ class TrainingLoop:
     self.precision = settings.precision(self.config)
     self._built_with = settings.given_back_policy(self.precision)
     self._notice = settings.preemption_notice(self.config, self.strategy)
+    self._cadence = settings.backup_cadence(self.config, self.strategy)
     self._steps_per_call = settings.steps_per_execution(self.config)
     self._averaging, self._accumulation = None, 1  # From the optimizers prepared.
     self._fused, self._sharded, self._announced, self._listening = None, None, False, False
@@ -495,11 +496,15 @@ class TrainingLoop:
     if not self.config.checkpoint.dir:
       return None
     manager = self._checkpoint_manager()
+    began = self._cadence.begin()  # Its cost: what the steps wait (TensorFlow writes after).
     self._checkpoint().sync()
     self._position.assign([self.step, self._epoch, self._steps_into_epoch])
     options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=background)
     with keras_fixes.repeatable_async_copies():  # The copy is made inside `save`.
-      return manager.save(checkpoint_number=self.step, options=options)
+      path = manager.save(checkpoint_number=self.step, options=options)
+    self._cadence.waited(began)
+    self._cadence.wrote(0.0)
+    return path
 
   def restore(self) -> bool:
     """Restores the newest checkpoint of `checkpoint.dir/loop`, if any. A fresh start
@@ -542,10 +547,13 @@ class TrainingLoop:
       self._averaging.after_call(self.step)
     if self._listening and self._notice.stop_now():
       self._preempted()
-    every = 0 if self.asynchronous else self.config.checkpoint.backup_every_steps
-    if every and not epoch_ends and \
-        self._steps_into_epoch // every != (self._steps_into_epoch - steps) // every:
+    if epoch_ends or not self.config.checkpoint.dir:
+      return
+    if self._cadence.due(self._steps_into_epoch - steps, self._steps_into_epoch):
       self._save(background=True)  # Every task at the same step: a save may be a collective.
+    elif self.is_chief:
+      where = f"epoch {self._epoch + 1}, step {self._steps_into_epoch}"
+      report.say(self._cadence.skip_line(where))
 
   def _preempted(self) -> None:
     """Saves at this step (every worker at the same one) and exits with 42."""

@@ -6,10 +6,8 @@ Clusters take machines back after a notice and a grace period: Kubernetes and Sl
 SIGTERM, Slurm's `--signal` another signal before a time limit (`checkpoint.preemption_signal`).
 A task that gets one finishes the call it is in (`training.steps_per_execution` steps at most)
 and, with its peers, saves its backup (weights, optimizer, epoch and step within it) and
-exits. MultiWorkerMirrored workers run each call in lockstep (every step has collectives), so
-they agree on the call to stop after with one all-reduce of "noticed" after every call (a
-read of the coordination service's key-value store cannot tell "absent" from "slow": a worker
-went on alone and its peer's collectives failed). TensorFlow's `PreemptionCheckpointHandler`
+exits. MultiWorkerMirrored workers agree on the call to stop after with a `Vote` after every
+call (`training.agreement`). TensorFlow's `PreemptionCheckpointHandler`
 does the same job with its own checkpoint manager and step counter; this one keeps Keras's
 `fit` and tfdist's backup, which already resumes every strategy.
 
@@ -29,6 +27,7 @@ import threading
 import keras
 
 import tfdist.progress as progress
+from tfdist.training import agreement
 from tfdist.exit_codes import PREEMPTED
 
 
@@ -44,8 +43,8 @@ class Notice:
   def __init__(self, signals, *, strategy=None):
     self.signals = tuple(signals)
     self.noticed = threading.Event()
-    self._strategy = strategy
-    self._agree = None
+    self._vote = None if strategy is None else agreement.Vote(
+        strategy, progress.Collective.PREEMPTION_AGREEMENT)
     self._previous: dict = {}
 
   @contextlib.contextmanager
@@ -93,12 +92,7 @@ class Notice:
     """Whether to save and exit after the call just ended: the same answer on every worker
     (each asks after every call; the first call after any worker's notice stops all)."""
     noticed = self.noticed.is_set()
-    if self._strategy is None:
-      return noticed
-    if self._agree is None:
-      self._agree = agreement(self._strategy)
-    with progress.collective(progress.Collective.PREEMPTION_AGREEMENT):
-      return bool(self._agree(float(noticed)) > 0)
+    return noticed if self._vote is None else self._vote.any(noticed)
 
 
 class Preemption(keras.callbacks.Callback):
@@ -129,19 +123,6 @@ class Preemption(keras.callbacks.Callback):
     self.backup.save_position(epoch, step)
     self.notice.exit_preempted(
         f"epoch {epoch + 1}, step {step}" if step else f"the end of epoch {epoch}", self.say)
-
-
-def agreement(strategy):
-  """A function of this worker's notice (0 or 1) returning the sum over the cluster's
-  replicas: MultiWorkerMirrored's workers run each call in lockstep, so they all ask after the
-  same call and all get the same answer. One compiled all-reduce of one number a call."""
-  import tensorflow as tf
-
-  @tf.function
-  def agree(noticed):
-    return strategy.reduce(tf.distribute.ReduceOp.SUM,
-                           strategy.run(lambda: tf.identity(noticed)), axis=None)
-  return lambda noticed: agree(tf.constant(noticed, tf.float32)).numpy()
 
 
 def signals_of(name: str) -> list:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import tfdist.progress as progress
 from tfdist.config import honoured, rules, strategies
 from tfdist.config.honoured import FIT, KERAS, LOOP, PARAMETER_SERVER, SPLIT  # noqa: F401
 from tfdist.config.schema import Config
@@ -302,6 +303,26 @@ def _shard(optimizer, strategy, config: Config, gradients: bool) -> None:
   sharded_optimizer.install(optimizer, strategy, gradients=gradients)
 
 
+def _votes_across_workers(config: Config) -> bool:
+  """Whether the run's workers must agree after a call (MultiWorkerMirrored's lockstep)."""
+  return strategies.kind(config.strategy.name).all_reduces_across_workers and \
+      bool(config.cluster.jobs)
+
+
+def backup_cadence(config: Config, strategy):
+  """When step backups are taken (`checkpoint.backup_every_steps` within
+  `checkpoint.backup_budget`): a `backup_cadence.Cadence`, every worker voting under
+  multi_worker_mirrored. The asynchronous parameter-server loop takes none within epochs."""
+  from tfdist.training import agreement
+  from tfdist.training.backup_cadence import Cadence
+  every = 0 if strategies.kind(config.strategy.name).asynchronous else \
+      config.checkpoint.backup_every_steps
+  vote = None
+  if _votes_across_workers(config):
+    vote = agreement.Vote(strategy, progress.Collective.BACKUP_AGREEMENT).every
+  return Cadence(every, config.checkpoint.backup_budget, vote=vote)
+
+
 def preemption_notice(config: Config, strategy):
   """The `preemption.Notice` of a run with a `checkpoint.dir` (SIGTERM and
   `checkpoint.preemption_signal`; every worker agrees under multi_worker_mirrored), or None:
@@ -309,7 +330,5 @@ def preemption_notice(config: Config, strategy):
   if not config.checkpoint.dir:
     return None
   from tfdist.training import preemption
-  multi_worker = (strategies.kind(config.strategy.name).all_reduces_across_workers and
-                  bool(config.cluster.jobs))
   return preemption.Notice(preemption.signals_of(config.checkpoint.preemption_signal),
-                           strategy=strategy if multi_worker else None)
+                           strategy=strategy if _votes_across_workers(config) else None)
