@@ -85,6 +85,44 @@ def test_hosting_takes_a_member_back_once_an_epoch_begins_after_it_joined(host):
   assert hosting.poll(State.RUNNING, lambda: 5) is None  # Offered once a round.
 
 
+class _RayJob:
+  """`RayJob.placeable` as a test sets it: the idle bundles Ray placed again."""
+  placed = 0
+
+  def placeable(self):
+    return self.placed
+
+
+def test_ray_takes_a_dropped_worker_back_once_a_node_can_run_it_and_an_epoch_began():
+  """Ray's membership (`backends.ray.NodeAdded`): nothing while no worker is lost or Ray cannot
+  place one; once it can, said, and `HostBack` at the next epoch, for as many as Ray can
+  place; a new round resets it."""
+  pytest.importorskip("ray", reason="the ray extra is not installed")
+  from tfdist.launch.backends.ray import NodeAdded
+  job = _RayJob()
+  ray = NodeAdded(job, every=0.0)
+  lines = _said(ray)
+  assert ray.poll(State.WAITING, lambda: None) is OPENED
+  job.placed = 1
+  assert ray.poll(State.RUNNING, lambda: 1.0) is None  # No worker lost.
+  ray.decided(None, GoOnWithout(("worker-1", "worker-2"), 1), ("worker-1", "worker-2"))
+  job.placed = 0
+  assert ray.poll(State.RUNNING, lambda: 1.0) is None and lines == []
+  job.placed = 1
+  assert ray.poll(State.STARTING, lambda: 1.0) is None  # Not while the tasks come up.
+  assert ray.poll(State.RUNNING, lambda: None) is None  # Nor before an epoch is known.
+  assert ray.poll(State.RUNNING, lambda: 1.0) is None
+  assert lines == ["Ray can place worker-1 again (a node was added): it is taken in when an "
+                   "epoch begins"]
+  assert ray.poll(State.RUNNING, lambda: 1.0) is None  # The same epoch.
+  assert ray.poll(State.RUNNING, lambda: 2.0) == HostBack(("worker-1",))
+  assert ray.poll(State.RUNNING, lambda: 3.0) is None  # Offered once a round.
+  ray.decided(None, Grow(("worker-1",), 0), ("worker-2",))
+  job.placed = 2
+  assert ray.poll(State.RUNNING, lambda: 3.0) is None
+  assert ray.poll(State.RUNNING, lambda: 4.0) == HostBack(("worker-2",))
+
+
 def test_hosting_ends_the_others_with_its_last_round(host):
   hosting = Hosting(host, patience=60)
   follower = Client(host.address, "worker-1")

@@ -260,3 +260,64 @@ def test_a_cluster_ray_cannot_place_is_refused_before_anything_starts(ray_head, 
   assert line.endswith("--backend: the Ray cluster has 4 CPU(s), 5 task(s) need 1 each (ray "
                        "start --num-cpus/--num-gpus, or fewer tasks). Received: 'ray'"), line
   assert alive_actors(ray_head) == []
+
+
+def test_a_node_lost_then_another_added_drops_its_worker_then_takes_it_back_in(tmp_path):
+  """A Ray cluster of two nodes on 127.0.0.1 (Ray's own `cluster_utils`: a head of 2 CPUs, a
+  node of 1), 3 workers, `--min-workers 2 --max-restarts-per-task 0 --max-restarts 1`: the
+  node's raylet killed -9 as an epoch begins (its worker dropped at once, the two others
+  resuming from the backup), then a node added: Ray places the idle bundle there, the worker is
+  taken back in as an epoch begins (one restart), and the launch ends with plain Keras's
+  weights; the resume points are asserted."""
+  from ray.cluster_utils import Cluster
+  from tests.programs import elastic
+  cluster = Cluster(initialize_head=True, head_node_args={
+      "num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+      "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                         "health_check_initial_delay_ms": 0}})
+  launcher = None
+  try:
+    lost = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    assert _listening_beyond_loopback(psutil.Process().children(recursive=True)) == []
+    (tmp_path / "config.yaml").write_text(
+        "cluster: {worker: 3}\nstrategy: multi_worker_mirrored\n"
+        "training: {global_batch_size: 48, mixed_precision: 'off', steps_per_execution: 1}\n"
+        f"checkpoint: {{dir: {tmp_path / 'checkpoints'}}}\n")
+    launcher = start_launch(str(tmp_path / "config.yaml"), "--backend", "ray", "--logs",
+                            str(tmp_path / "logs"), "--grace-period", "5", "--max-restarts",
+                            "1", "--max-restarts-per-task", "0", "--min-workers", "2", "--",
+                            sys.executable, str(PROGRAMS / "elastic.py"),
+                            env={"RAY_ADDRESS": cluster.address, "PAUSE": "5", **LOOPBACK})
+    seen = []
+    read_until(launcher, r"\[worker-0\] EPOCH_BEGIN 1", 240, seen)
+    cluster.remove_node(lost, allow_graceful=False)  # Its raylet and actors killed -9.
+    dropped = read_until(launcher, r"(worker-\d) failed again past --max-restarts-per-task: "
+                                   r"going on without it, 2 worker", 120, seen)[1]
+    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    read_until(launcher, rf"{dropped} is back: taking it in as an epoch begins, 3 worker", 120,
+               seen)
+    output = finish(launcher, 240, seen)
+  finally:
+    if launcher is not None and launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+    cluster.shutdown()
+  assert launcher.returncode == 0, output[-4000:]
+  assert f"{dropped} failed first (exit code -9): the root cause" in output, output[-4000:]
+  assert f"Ray can place {dropped} again (a node was added)" in output, output[-4000:]
+  resumed = re.findall(r"\[worker-0\] tfdist: resuming at epoch (\d) of 4", output)
+  assert resumed[0] == "2" and len(resumed) == 2 and int(resumed[1]) in (3, 4), resumed
+  got = json.loads(next(line for line in output.splitlines()
+                        if "[worker-0] RESULT " in line).split("RESULT ", 1)[1])
+  for g, w in zip(got, elastic.train_plain(), strict=True):
+    np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def _listening_beyond_loopback(processes) -> list[str]:
+  """The TCP listeners of `processes` (by `ss`, as an administrator would look) on an address
+  other than 127.0.0.1."""
+  pids = {p.pid for p in processes}
+  listed = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+  return [line for line in listed.splitlines()
+          if {int(pid) for pid in re.findall(r"pid=(\d+)", line)} & pids and
+          not re.search(r"\s(\[::ffff:)?127\.0\.0\.1\]?:\d+\s", line)]

@@ -212,6 +212,10 @@ def _launch(config_path, command, options, environ, plan_only: bool):
           config = plan.without_workers(config, [current])
           runner.drop(current)
           members.remove(name)
+        for name in [w for w in workers if w not in members and w not in lost]:  # Back.
+          members.insert(index := sum(workers.index(m) < workers.index(name) for m in members),
+                         name)
+          config = runner.take_in(config, index)
       if restart and runner is not None:
         config = runner.replan(config)
       members_path = _members_config(config, config_path, log_dir, lost)
@@ -250,7 +254,8 @@ def _launch(config_path, command, options, environ, plan_only: bool):
         max_restarts=options.max_restarts, max_task_restarts=options.max_restarts_per_task,
         verbose=options.verbose, on_say=events,
         start_process=backend.start if starter is None else starter.start, workers=workers,
-        membership=_membership(options, full, found.task, workers, environ, limits, stack)
+        membership=_membership(options, full, found.task, workers, environ, limits, stack,
+                               runner)
     ).run()
   finally:
     stack.close()
@@ -280,14 +285,17 @@ def _members_config(members, config_path: str, log_dir: str, lost) -> str:
 
 
 def _membership(options: LaunchOptions, config, task, workers: tuple[str, ...],
-                environ: Mapping[str, str], limits, stack: contextlib.ExitStack):
-  """Who this launcher runs with: alone, or in a per-host elastic launch the chief's
-  launcher's rendezvous (`membership.Hosting`, closed with `stack`) or another host's
-  (`membership.Following`)."""
+                environ: Mapping[str, str], limits, stack: contextlib.ExitStack, runner):
+  """Who this launcher runs with: alone (an elastic launch on a runner with a membership of
+  its own, Ray's, takes dropped workers back as it can place them), or in a per-host elastic
+  launch the chief's launcher's rendezvous (`membership.Hosting`, closed with `stack`) or
+  another host's (`membership.Following`)."""
   from tfdist.config.roles import is_chief
   from tfdist.config.tf_config import split_address
   from tfdist.launch import membership, rendezvous
   if options.rendezvous_port is None:
+    if options.min_workers is not None and hasattr(runner, "membership"):
+      return runner.membership()
     return membership.Alone()
   chief = "chief" if config.cluster.chief else "worker"
   host, _ = split_address(config.cluster.addresses[chief][0])

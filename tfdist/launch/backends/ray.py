@@ -9,7 +9,10 @@ a Ray actor of the cluster `RAY_ADDRESS` names, its process started on the actor
   env_vars; `forwarded` leaves out the launcher host's own), as a local launch's tasks
   inherit them.
 - Elastic (`--min-workers`): a worker dropped has its actor killed and its bundle left idle;
-  the workers after it are renumbered, each keeping its actor, node and address.
+  the workers after it are renumbered, each keeping its actor, node and address. When Ray
+  places an idle bundle again on another node than the one its worker was lost with (a node
+  added after a node lost), the worker is taken back in as the next epoch begins
+  (`NodeAdded`, this launch's membership), within `--max-restarts`.
 - The supervisor is the local one: each task's process is a `RayProcess` (the `Popen` calls
   it makes, over Ray): output streamed back, the heartbeat file mirrored into the launcher's
   log folder, signals sent through the actor. A dead actor (killed, its node lost) is its
@@ -42,7 +45,9 @@ from typing import Mapping
 from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
+from tfdist.launch import membership
 from tfdist.launch.backends import Discovery
+from tfdist.launch.decisions import HostBack, State
 from tfdist.launch.liveness import HEARTBEAT_ENV
 from tfdist.machine.ports import accepts
 
@@ -143,6 +148,8 @@ class RayJob:
                         f"{_resources(ray)} available", key="--backend",
                         received="ray") from None
     self._addresses = {}
+    self._nodes: dict[str, str] = {}  # Each task's actor's node (Ray's node id).
+    self._idle: list[tuple[int, str]] = []  # Dropped workers' bundles, and their lost nodes.
     self._bundles = {_name(task): index for index, task in enumerate(self._tasks)}
     for task in self._tasks:
       self._actors[_name(task)] = self._new_actor(self._bundles[_name(task)])
@@ -166,6 +173,7 @@ class RayJob:
     for name, call in calls.items():
       host, port = self._ray.get(call, timeout=_CALL_TIMEOUT)
       self._addresses[name] = f"{host}:{port}"
+      self._nodes[name] = self._placed().get(self._bundles[name], "")
     addresses = {job: tuple(self._addresses[t.name] for t in self._tasks if t.type == job)
                  for job in config.cluster.jobs}
     return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster,
@@ -192,19 +200,63 @@ class RayJob:
     gone = next(t for t in self._tasks if _name(t) == name)
     self._kill(self._actors.pop(name))
     self._addresses.pop(name, None)
-    self._bundles.pop(name)
+    self._idle.append((self._bundles.pop(name), self._nodes.pop(name, "")))
     kept = []
     for task in self._tasks:
       if task == gone:
         continue
       if task.type == gone.type and task.index > gone.index:
-        renamed = TaskConfig(task.type, task.index - 1)
-        for table in (self._actors, self._addresses, self._bundles):
-          if task.name in table:
-            table[renamed.name] = table.pop(task.name)
-        task = renamed
+        task = self._renamed(task, TaskConfig(task.type, task.index - 1))
       kept.append(task)
     self._tasks = kept
+
+  def _renamed(self, task, renamed):
+    for table in (self._actors, self._addresses, self._bundles, self._nodes):
+      if task.name in table:
+        table[renamed.name] = table.pop(task.name)
+    return renamed
+
+  def placeable(self) -> int:
+    """How many dropped workers Ray can run again: idle bundles it placed on a live node other
+    than the one their worker was lost with (a node added)."""
+    if not self._idle:
+      return 0
+    placed = self._placed()
+    alive = {node["NodeID"] for node in self._ray.nodes() if node["Alive"]}
+    return sum(1 for bundle, lost in self._idle
+               if placed.get(bundle) in alive and placed.get(bundle) != lost)
+
+  def take_in(self, config: Config, index: int) -> Config:
+    """Takes a dropped worker back in as `worker-<index>` (the workers from there on
+    renumbered up), in an idle bundle Ray placed again, with a new actor; returns `config`
+    with the cluster's addresses."""
+    from tfdist.config.schema import TaskConfig
+    placed = self._placed()
+    bundle, lost = next((b, n) for b, n in self._idle if placed.get(b) not in (None, n))
+    self._idle.remove((bundle, lost))
+    workers = [t for t in self._tasks if t.type == "worker"]
+    for task in reversed(workers[index:]):
+      self._tasks[self._tasks.index(task)] = self._renamed(
+          task, TaskConfig("worker", task.index + 1))
+    back = TaskConfig("worker", index)
+    after = [i for i, t in enumerate(self._tasks) if t.type == "worker" and t.index < index]
+    self._tasks.insert(after[-1] + 1 if after else next(
+        i for i, t in enumerate(self._tasks) if t.type == "worker"), back)
+    self._bundles[back.name] = bundle
+    self._actors[back.name] = self._new_actor(bundle)
+    config = dataclasses.replace(config, cluster=dataclasses.replace(
+        config.cluster, worker=config.cluster.worker + 1))
+    return self._with_addresses(config, [back])
+
+  def _placed(self) -> dict[int, str]:
+    """Each bundle of the job's placement group and the node Ray placed it on."""
+    from ray.util import placement_group_table
+    return {int(index): node for index, node in
+            placement_group_table(self._group)["bundles_to_node_id"].items()}
+
+  def membership(self) -> "NodeAdded":
+    """This launch's membership: a dropped worker taken back in when a node can run it."""
+    return NodeAdded(self)
 
   def _alive(self, name: str) -> bool:
     try:
@@ -234,6 +286,48 @@ class RayJob:
       self._kill(actor)
     self._actors.clear()
     remove_placement_group(self._group)
+
+
+class NodeAdded(membership.Alone):
+  """A Ray launch's membership: alone, but a dropped worker is back (`HostBack`) once Ray can
+  place it again (`RayJob.placeable`: a node added) and the training began an epoch since.
+
+  Args:
+    job: the launch's `RayJob`.
+    every: seconds between two asks of Ray.
+  """
+
+  def __init__(self, job: RayJob, every: float = 2.0):
+    self.job, self.every = job, every
+    self._lost: tuple[str, ...] = ()
+    self._seen_at: float | None = None  # The epoch when Ray could place them again.
+    self._asked = 0.0
+
+  def poll(self, state, epoch):
+    if state is State.WAITING:
+      return membership.OPENED
+    now = time.monotonic()
+    if state is not State.RUNNING or not self._lost or now - self._asked < self.every:
+      return None
+    self._asked = now
+    reached = epoch()
+    count = reached is not None and min(self.job.placeable(), len(self._lost))
+    if not count:
+      self._seen_at = None
+      return None
+    back = self._lost[:count]
+    if self._seen_at is None:
+      self._seen_at = reached
+      self.say(f"Ray can place {', '.join(back)} again (a node was added): it is taken in when "
+               "an epoch begins")
+      return None
+    if reached > self._seen_at:
+      self._seen_at = float("inf")  # Offered once a round.
+      return HostBack(back)
+    return None
+
+  def decided(self, event, action, lost: tuple[str, ...]) -> None:
+    self._lost, self._seen_at = lost, None
 
 
 class RayProcess:
