@@ -271,3 +271,26 @@ def test_each_decision_that_changes_the_launch_is_said_with_the_members_it_leave
       "worker-2 may cause no more restarts (--max-restarts-per-task): stopping every task"
   assert decision_line(failed, End(1, "worker-2 failed"), members) == \
       "no restarts left (--max-restarts): stopping every task"
+
+
+def test_the_plan_again_names_the_workers_as_the_config_does_when_one_in_the_middle_is_lost():
+  """worker-1 lost of three: the plan's worker-1 is the config's worker-2, and the line says so
+  (it said "without worker-2", the plan's numbering, when worker-1 was the one lost)."""
+  from tfdist.launch.narration import Members, plan_lines
+
+  def plan(count):
+    return LaunchPlan(tuple(ProcessPlan(TaskConfig("worker", i), ("python",), (), f"w{i}.log",
+                                        False, f"127.0.0.1:{2000 + i}", i == 0)
+                            for i in range(count)), "cluster")
+  workers = ("worker-0", "worker-1", "worker-2")
+  said = plan_lines(plan(2), plan(3), runs_chief=True, verbose=False,
+                    members=Members(workers, ("worker-1",), 2), round_number=None)
+  assert said == ["the plan again: worker-0, worker-1 (was worker-2) (without worker-1), on new "
+                  "ports where picked"]
+  said = plan_lines(plan(2), plan(3), runs_chief=True, verbose=False,
+                    members=Members(workers, ("worker-2",), 2), round_number=None)
+  assert said == ["the plan again: worker-0, worker-1 (without worker-2), on new ports where "
+                  "picked"]
+  said = plan_lines(plan(3), plan(2), runs_chief=True, verbose=False,
+                    members=Members(workers, (), 2), round_number=None)
+  assert said == ["the plan again: worker-0, worker-1, worker-2, on new ports where picked"]

@@ -114,5 +114,11 @@ def plan_lines(plan: LaunchPlan, shown: LaunchPlan | None, *, runs_chief: bool, 
   before = {p.name for p in shown.processes}
   now = [p.name for p in plan.processes]
   gone = sorted(before - set(now))
+  if members.lost:  # Named as the config names them: the workers after one lost renumbered.
+    configured = members.now()
+    now = [f"{name} (was {configured[index]})"
+           if name.startswith("worker-") and configured[index := int(name[7:])] != name
+           else name for name in now]
+    gone = list(members.lost)
   return [f"the plan again: {', '.join(now)}" + (f" (without {', '.join(gone)})" if gone
                                                  else "") + ", on new ports where picked"]
