@@ -49,12 +49,12 @@ def test_check_reads_tf_config_from_the_environment():
 
 @pytest.mark.parametrize("args,message", [
     (["launch-everything"], "tfdist: the command must be one of check, launch, cluster-server, "
-                            "export, tensorboard, env, estimate, model-server, model-export. "
-                            "Received: 'launch-everything'"),
+                            "data-service, export, tensorboard, env, estimate, model-server, "
+                            "model-export. Received: 'launch-everything'"),
     (["check", "--no-such-flag"], "tfdist: Unknown command line flag 'no-such-flag'"),
     (["check", str(CONFIGS / "mirrored.yaml"), "--task", "boss:0"],
-     "tfdist check: --task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator. "
-     "Received: 'boss:0'"),
+     "tfdist check: --task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator, "
+     "dispatcher, data_worker. Received: 'boss:0'"),
 ])
 def test_usage_mistakes_exit_2_with_one_line(args, message):
   result = tfdist(*args)

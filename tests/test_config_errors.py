@@ -46,8 +46,8 @@ BAD_CONFIGS = [
      "warmup_epochs, seed. "
      "Received: 'epoch'"),
     ("unknown_job", "cluster: {master: ['127.0.0.1:2000']}\n", None, None,
-     "{f}: cluster.master: unknown job; the jobs are: chief, worker, ps, evaluator. "
-     "Received: 'master'"),
+     "{f}: cluster.master: unknown job; the jobs are: chief, worker, ps, evaluator, dispatcher, "
+     "data_worker. Received: 'master'"),
     ("two_chiefs", "cluster: {chief: ['127.0.0.1:2000', '127.0.0.1:2001']}\n", None, None,
      "{f}: cluster.chief: a cluster has at most one chief. Received: 2"),
     ("two_evaluators", "cluster: {worker: 1, evaluator: 2}\n", None, None,
@@ -174,8 +174,8 @@ BAD_CONFIGS = [
     ("tf_config_unknown_key", "strategy: default\n", '{"cluster": {}, "tasks": {}}', None,
      "TF_CONFIG: tasks: unknown key; TF_CONFIG holds cluster and task. Received: 'tasks'"),
     ("task_flag_malformed", MWMS_HOSTS, None, "worker1",
-     "--task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator. "
-     "Received: 'worker1'"),
+     "--task: must be TYPE:INDEX with TYPE one of chief, worker, ps, evaluator, dispatcher, "
+     "data_worker. Received: 'worker1'"),
     ("task_flag_out_of_range", MWMS_HOSTS, None, "worker:5",
      "{f}: task.index: must be from 0 to 1: the cluster has 2 worker task(s). Received: 5"),
 ]

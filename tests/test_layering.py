@@ -10,7 +10,7 @@ LAYERS = (
     {"exit_codes"},
     {"errors", "progress", "machine"},
     {"config"},
-    {"strategy", "parallel", "serving"},
+    {"strategy", "parallel", "serving", "data_service"},
     {"monitoring"},
     {"training", "launch"},
     {"job_files", "testing"},

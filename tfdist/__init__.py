@@ -20,6 +20,7 @@ import warnings
 from tfdist.config import BatchSizes, Config, batch_sizes, load_config, replica_count
 from tfdist.config.roles import is_chief, task
 from tfdist.config.tf_config import tf_config_for
+from tfdist.data_service import data_service_address
 from tfdist.errors import (ConfigError, DeviceSetupError, MissingExtraError, ModelError,
                            TfdistError, UnsupportedError)
 from tfdist.errors import report_in_one_line as _report_in_one_line
@@ -35,7 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSizes", "Config", "ConfigError", "DeviceSetupError", "MissingExtraError", "ModelError",
     "TfdistError", "TrainingLoop", "UnsupportedError", "batch_sizes", "central_storage",
-    "cluster_resolver", "configure_devices", "default", "evaluate", "fit", "global_batch_size",
+    "cluster_resolver", "configure_devices", "data_service_address", "default", "evaluate", "fit",
+    "global_batch_size",
     "is_chief", "load_config", "make_strategy", "mirrored", "multi_worker_mirrored",
     "one_device", "parameter_server", "predict", "replica_count", "run_cluster_server",
     "start_cluster_server", "task", "tf_config_for", "use_keras_distribution",

@@ -1,7 +1,7 @@
 """The `tfdist` command line: one module per command (`check`, `launch`, `env`, `estimate`,
-`export`, `tensorboard`, `cluster-server`, `model-server`, `model-export`), each declaring its
-own flags (`FLAGS_DECLARED`, of `flags.Flag`) with its `USAGE` made from them, its docstring as
-its help and a `run(args, task)` returning an exit code
+`export`, `tensorboard`, `cluster-server`, `data-service`, `model-server`, `model-export`),
+each declaring its own flags (`FLAGS_DECLARED`, of `flags.Flag`) with its `USAGE` made from
+them, its docstring as its help and a `run(args, task)` returning an exit code
 (`tfdist.exit_codes`); `task` is `--task` parsed (a `TaskConfig`), or None.
 
 Takes: argv and each command's declared flags (a command reads only its own).

@@ -14,8 +14,8 @@ import sys
 
 from absl import app, flags, logging
 
-from tfdist.cli import (check, cluster_server, env, estimate, export, launch, model_export,
-                        model_server, tensorboard)
+from tfdist.cli import (check, cluster_server, data_service, env, estimate, export, launch,
+                        model_export, model_server, tensorboard)
 from tfdist.cli import flags as cli_flags
 from tfdist.config.loader import parse_task_flag
 from tfdist.errors import TfdistError
@@ -23,8 +23,9 @@ from tfdist.exit_codes import SIGNALLED, USAGE
 from tfdist.machine import banners
 
 IN_PROCESS_TENSORFLOW = {"check", "env", "export", "model-server", "model-export", "estimate",
-                         "cluster-server"}
-COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server, "export": export,
+                         "cluster-server", "data-service"}
+COMMANDS = {"check": check, "launch": launch, "cluster-server": cluster_server,
+            "data-service": data_service, "export": export,
             "tensorboard": tensorboard, "env": env, "estimate": estimate,
             "model-server": model_server, "model-export": model_export}
 RENAMED = {("serve",): "cluster-server", ("plan",): "estimate",
@@ -66,6 +67,7 @@ SUMMARIES = (
     ("export", "an sbatch script or Kubernetes manifests for the cluster"),
     ("tensorboard", "TensorBoard on a run's logs, on 127.0.0.1"),
     ("cluster-server", "a worker or ps server of a parameter-server cluster"),
+    ("data-service", "the tf.data service's dispatcher or a data worker of the cluster"),
     ("model-server", "a .keras file or SavedModel over HTTP (TF Serving's REST), batched"),
     ("model-export", "a .keras file as a SavedModel for TensorFlow Serving, with batching"),
 )

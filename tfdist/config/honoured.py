@@ -112,6 +112,14 @@ DECISIONS: dict[str, Decision] = {
         checked_by=(
             "test_parameter_server.py::test_evaluator_writes_each_checkpoints_evaluation_as_event_files",
             "test_tf_config.py::test_training_tasks_do_not_see_the_evaluator")),
+    "cluster.dispatcher": Decision(
+        "the tf.data service's dispatcher, started by tfdist launch (tfdist data-service) "
+        "outside TF_CONFIG; its address is tfdist.data_service_address()",
+        checked_by=("test_data_service.py::test_the_plan_runs_each_role_and_keeps_them_out_of_tf_config",
+                    "test_data_service.py::test_where_the_roles_are_not_placed_yet_they_are_refused_in_one_line")),
+    "cluster.data_worker": Decision(
+        "the tf.data service's workers, each restarted alone at its address when it dies",
+        checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",)),
     "task.type": Decision(
         "TF_CONFIG's task: which job this process runs",
         checked_by=("test_tf_config.py::test_each_task_gets_the_whole_cluster_and_its_own_task",

@@ -14,6 +14,7 @@ imports TensorFlow: a bad config fails in well under a second.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import warnings
@@ -24,7 +25,7 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from tfdist.config import rules, strategies
-from tfdist.config.schema import (JOBS, CheckpointConfig, ClusterConfig, Config, DevicesConfig,
+from tfdist.config.schema import (DATA_SERVICE_JOBS, JOBS, CheckpointConfig, ClusterConfig, Config, DevicesConfig,
                                   ParallelConfig, StrategyConfig, TaskConfig, TensorBoardConfig,
                                   TrainingConfig)
 from tfdist.config.tf_config import parse_tf_config, split_address
@@ -45,6 +46,9 @@ its config by path keeps working after a shrink."""
 PREPARE_ENV = "TFDIST_PREPARE"
 """Set to 1 by the launcher in the processes that run the user's command: importing tfdist there
 makes the strategy at once (`tfdist.strategy.startup`)."""
+DATA_SERVICE_ENV = "TFDIST_DATA_SERVICE"
+"""A launched task's tf.data service addresses, as JSON ({"dispatcher": [...], "data_worker":
+[...]}): TF_CONFIG leaves these roles out (`tf_config.cluster_spec`)."""
 
 _SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
              "devices": DevicesConfig, "training": TrainingConfig,
@@ -96,7 +100,8 @@ def load_config(source: str | os.PathLike | Mapping | None = None, *,
     raise e.from_source(name) from None
   if "TF_CONFIG" in environ:
     try:
-      config = _merge_tf_config(config, parse_tf_config(environ["TF_CONFIG"]))
+      config = _merge_tf_config(config, parse_tf_config(environ["TF_CONFIG"]),
+                                environ.get(DATA_SERVICE_ENV))
     except ConfigError as e:
       raise e.from_source("TF_CONFIG") from None
   if task is not None:
@@ -399,7 +404,7 @@ def _parse_task(data: Any) -> TaskConfig:
     return parse_task_flag(data, source=None) if ":" in data else TaskConfig(data, 0)
   task = build_section(_TaskFields, data, "task")
   if task.type is None:
-    raise ConfigError("needs a type: chief, worker, ps or evaluator", key="task.type")
+    raise ConfigError(f"needs a type: one of {', '.join(JOBS)}", key="task.type")
   return TaskConfig(task.type, task.index)
 
 
@@ -433,8 +438,10 @@ def make_options(name: str, options: Mapping) -> Any:
   return build_section(cls, options, "strategy")
 
 
-def _merge_tf_config(config: Config, document: Mapping) -> Config:
-  """Applies TF_CONFIG over the file: its addresses and its task win."""
+def _merge_tf_config(config: Config, document: Mapping, data_service: str | None = None
+                     ) -> Config:
+  """Applies TF_CONFIG over the file: its addresses and its task win; the tf.data service's
+  addresses come from `data_service` (`DATA_SERVICE_ENV`'s JSON), TF_CONFIG having none."""
   document = _drop_tf_config_extras(document)
   unknown = sorted(set(document) - {"cluster", "task"})
   if unknown:
@@ -446,10 +453,19 @@ def _merge_tf_config(config: Config, document: Mapping) -> Config:
     if env_cluster.addresses is None and not env_cluster.is_empty:
       raise ConfigError('must list "host:port" addresses, not counts', key="cluster",
                         received=dict(document["cluster"]))
-    expected = config.cluster.counts()
+    if data_service and env_cluster.addresses is not None:
+      served = parse_cluster(json.loads(data_service), key=DATA_SERVICE_ENV)
+      env_cluster = dataclasses.replace(
+          env_cluster, dispatcher=served.dispatcher, data_worker=served.data_worker,
+          addresses={**env_cluster.addresses, **(served.addresses or {})})
+    expected = {job: count for job, count in config.cluster.counts().items()
+                if data_service or job not in DATA_SERVICE_JOBS}
     if not config.cluster.is_empty and expected != env_cluster.counts():
       raise ConfigError(f"must have the job sizes of {config.source or 'the config'} "
                         f"({expected})", key="cluster", received=env_cluster.counts())
+    if not data_service:  # The file's tf.data service roles, TF_CONFIG having none.
+      env_cluster = dataclasses.replace(env_cluster, dispatcher=config.cluster.dispatcher,
+                                        data_worker=config.cluster.data_worker)
     changes["cluster"] = env_cluster
   if "task" in document:
     changes["task"] = _parse_task(document["task"])

@@ -51,10 +51,18 @@ def check_unique_addresses(addresses: Mapping[str, tuple[str, ...]], key: str = 
 
 def _check_cluster(config: Config) -> None:
   cluster = config.cluster
-  for job in ("chief", "evaluator"):
+  for job in ("chief", "evaluator", "dispatcher"):
     if cluster.count(job) > 1:
       raise ConfigError(f"a cluster has at most one {job}", key=f"cluster.{job}",
                         received=cluster.count(job))
+  if bool(cluster.dispatcher) != bool(cluster.data_worker):
+    key, other = ("cluster.dispatcher", "data_worker") if cluster.dispatcher else \
+        ("cluster.data_worker", "dispatcher")
+    raise ConfigError(f"the tf.data service needs a dispatcher and data workers: give "
+                      f"cluster.{other} too", key=key, received=cluster.count(key[8:]))
+  if cluster.dispatcher and not cluster.training_tasks:
+    raise ConfigError("the tf.data service feeds trainers: give the cluster a chief or "
+                      "workers", key="cluster.dispatcher", received=cluster.dispatcher)
 
 
 def _check_task(config: Config) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Literal, Mapping
 
-JOBS = ("chief", "worker", "ps", "evaluator")
-"""The job names TensorFlow's multi-worker strategies know, in launch order."""
+JOBS = ("chief", "worker", "ps", "evaluator", "dispatcher", "data_worker")
+"""The jobs of a cluster, in launch order: the four TensorFlow's multi-worker strategies know,
+then the tf.data service's roles."""
+DATA_SERVICE_JOBS = ("dispatcher", "data_worker")
+"""The tf.data service's roles: its dispatcher and its data workers, which run the training
+input's pipeline for the trainers. TensorFlow's strategies never see them (not in TF_CONFIG)."""
 
 def rule(check: Callable[[Any], bool], text: str) -> dict:
   """Field metadata: `check(value)` must hold, else the loader reports `text`."""
@@ -47,12 +51,16 @@ class ClusterConfig:
     worker: number of worker tasks.
     ps: number of parameter-server tasks.
     evaluator: number of evaluator tasks (0 or 1).
+    dispatcher: number of tf.data service dispatchers (0 or 1, with data workers).
+    data_worker: number of tf.data service workers (with a dispatcher).
     addresses: `host:port` of each task by job, or None while the cluster is given by counts.
   """
   chief: int = 0
   worker: int = 0
   ps: int = 0
   evaluator: int = 0
+  dispatcher: int = 0
+  data_worker: int = 0
   addresses: Mapping[str, tuple[str, ...]] | None = None
 
   def count(self, job: str) -> int:

@@ -11,7 +11,7 @@ import ipaddress
 import json
 from typing import Mapping, Sequence
 
-from tfdist.config.schema import JOBS, ClusterConfig, TaskConfig
+from tfdist.config.schema import DATA_SERVICE_JOBS, JOBS, ClusterConfig, TaskConfig
 from tfdist.errors import ConfigError
 
 LOCALHOST = "127.0.0.1"
@@ -79,11 +79,15 @@ def cluster_spec(cluster: ClusterConfig, *, include_evaluator: bool = True) -> d
     include_evaluator: False leaves the evaluator out. Training tasks must not see it: a
       parameter-server coordinator dials every task it is given and waits forever for an
       evaluator that does not serve (measured with TensorFlow 2.21).
+
+  The tf.data service's roles are never in it (`DATA_SERVICE_JOBS`: no strategy knows them; a
+  launched task finds them in `DATA_SERVICE_ENV`).
   """
   if cluster.addresses is None:
     raise ValueError("the cluster is given by counts; assign addresses first")
   return {job: list(cluster.addresses[job]) for job in cluster.jobs
-          if job in cluster.addresses and (include_evaluator or job != "evaluator")}
+          if job in cluster.addresses and (include_evaluator or job != "evaluator") and
+          job not in DATA_SERVICE_JOBS}
 
 
 def tf_config_for(cluster: ClusterConfig, task: TaskConfig) -> dict:

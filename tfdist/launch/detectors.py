@@ -11,6 +11,7 @@ import dataclasses
 import time
 from typing import Callable
 
+from tfdist.config.schema import DATA_SERVICE_JOBS
 from tfdist.exit_codes import PREEMPTED
 from tfdist.launch import liveness, processes
 from tfdist.launch.decisions import AllDone, EvaluatorHung, Failed, Preempted, StartupTimedOut
@@ -110,8 +111,8 @@ class Watch:
     task = cause.plan.task
     return Failed(self.config_name(cause.plan.name), cause.process.poll(), f"{what} {detail}",
                   task.type if task else "local",
-                  alone=self.plan.restart_scope != "cluster" and task is not None and
-                  task.type == "worker")
+                  alone=task is not None and (task.type in DATA_SERVICE_JOBS or (
+                      self.plan.restart_scope != "cluster" and task.type == "worker")))
 
   def hung(self, running: list[Running]) -> Failed | EvaluatorHung | None:
     """A training task behind while its peers wait past the hang deadline (or the evaluator

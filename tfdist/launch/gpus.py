@@ -109,9 +109,12 @@ def host_shares(config: Config, gpus: Sequence[str], *, task: TaskConfig | None 
 
 def uses_gpus(job: str, strategy: str) -> bool:
   """Whether a task of `job` computes: every task but a parameter server's ps (which only holds
-  variables; given a GPU, it would take the memory the workers need)."""
+  variables; given a GPU, it would take the memory the workers need) and the tf.data service's
+  roles (the input pipeline runs on CPUs)."""
   from tfdist.config import strategies
-  return not (strategies.kind(strategy).asynchronous and job == "ps")
+  from tfdist.config.schema import DATA_SERVICE_JOBS
+  return not (strategies.kind(strategy).asynchronous and job == "ps") and \
+      job not in DATA_SERVICE_JOBS
 
 
 def slurm_local_task(environ) -> tuple[int, int] | None:

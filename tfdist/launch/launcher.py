@@ -189,7 +189,13 @@ def _launch(config_path, command, options, environ, plan_only: bool):
   held = []  # The ports of the running plan, held until it ends.
   stack = contextlib.ExitStack()
   try:
-    found = backend.discover(load_config(config_path, environ={}), options, environ)
+    loaded = load_config(config_path, environ={})
+    if loaded.cluster.dispatcher and getattr(backend, "NAME", "local") != "local":
+      raise ConfigError("the tf.data service's roles are launched on the local backend (every "
+                        "task here, or one per host with --task); not yet on "
+                        f"{backend.NAME}", key="cluster.dispatcher", source=loaded.source,
+                        received=loaded.cluster.dispatcher)
+    found = backend.discover(loaded, options, environ)
     runner = found.runner
     starter = runner or found.starter
     if starter is not None:

@@ -9,16 +9,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import ipaddress
+import json
 import os
 import time
 import sys
 from typing import Sequence
 
 from tfdist.config import strategies
-from tfdist.config.loader import (CONFIG_ENV, FRESH_ENV, MEMBERS_OF_ENV, PREPARE_ENV,
-                                  RUN_ENV)
+from tfdist.config.loader import (CONFIG_ENV, DATA_SERVICE_ENV, FRESH_ENV, MEMBERS_OF_ENV,
+                                  PREPARE_ENV, RUN_ENV)
 from tfdist.config.roles import is_chief
-from tfdist.config.schema import Config, TaskConfig
+from tfdist.config.schema import DATA_SERVICE_JOBS, Config, TaskConfig
 from tfdist.config.tf_config import split_address, tf_config_json, with_local_addresses
 from tfdist.errors import ConfigError
 from tfdist.launch.gpus import host_shares
@@ -175,12 +176,14 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
     cluster = with_local_addresses(cluster, ports)
   processes = []
   shares = host_shares(config, gpus, task=task, local_task=local_task)
+  served = data_service_env(cluster)
   for t in shares:
-    serves = runs_server(config, t.type)
-    argv = ((python, "-m", "tfdist", "cluster-server", config_path, "--task", f"{t.type}:{t.index}")
+    serves = runs_server(config, t.type) or t.type in DATA_SERVICE_JOBS
+    command_of = "data-service" if t.type in DATA_SERVICE_JOBS else "cluster-server"
+    argv = ((python, "-m", "tfdist", command_of, config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
     env = (("TF_CONFIG", tf_config_json(cluster, t)), (CONFIG_ENV, config_path), *members,
-           (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)))
+           (HEARTBEAT_ENV, heartbeat_path(log_dir, t.name)), *served)
     env += shares[t].env(gpus, config.devices.gpu_memory)
     if not serves:
       env += _user_command_env(fresh, log_dir)
@@ -193,6 +196,15 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
                 for t in cluster.tasks() if t.type != "evaluator")
   return LaunchPlan(tuple(processes), "task" if asynchronous else "cluster", peers,
                     host_advice(config, [p for p in processes if not p.serves], gpus))
+
+
+def data_service_env(cluster) -> tuple[tuple[str, str], ...]:
+  """`DATA_SERVICE_ENV` for every task of a cluster with tf.data service roles (their
+  addresses, which TF_CONFIG leaves out); () without. Pure."""
+  if not cluster.dispatcher or cluster.addresses is None:
+    return ()
+  return ((DATA_SERVICE_ENV, json.dumps({job: list(cluster.addresses[job])
+                                         for job in DATA_SERVICE_JOBS})),)
 
 
 def host_advice(config: Config, trainers: Sequence[ProcessPlan], gpus: Sequence[str]) -> tuple:
