@@ -4,10 +4,12 @@ to the other core (`tfdist data-service`, as `tfdist launch` starts it), the tra
 through TensorFlow's `distribute("distributed_epoch", tfdist.data_service_address(...))`.
 Contenders interleaved; examples per second of the trainer's loop (input and step), median.
 
-Measured 2026-11-27 (2 vCPUs, AMD EPYC, TF 2.21): local 8,941-9,595 examples/s, one data worker
-2,006-2,010 (0.21-0.26), the same with batches of 256, without compression, or with a prefetch
-on the worker; the map alone on that core runs 6,600-10,600 a second in a plain process. The
-1.6x goal is not met here and the cause is not found (BUILD_NOTES.md).
+Measured 2026-11-27 (2 vCPUs, AMD EPYC, TF 2.21): local 2,606-2,627 examples/s, one data worker
+1,338-1,352 (0.51). With a map of ~8 ms a batch: 0.21-0.26, the same with batches of 256,
+without compression or with a prefetch on the worker. In-process probes: the service moves a
+batch in ~11 ms whatever its size or cost (64 batches without a map: first at 0.05 s, last at
+0.75 s) and notices a job's end ~0.3 s later; `task_refresh_interval_hint_ms` and the workers'
+heartbeat barely change it. The 1.6x goal is not met here (BUILD_NOTES.md).
 
   python -m benchmarks.bench_data_service [--rounds 3]
 """
@@ -24,7 +26,8 @@ from absl import app, flags
 flags.DEFINE_integer("rounds", 3, "Epochs timed per contender (after one warm-up each).")
 FLAGS = flags.FLAGS
 
-_ROWS, _BATCH = 2048, 64
+_ROWS, _BATCH = 4096, 64
+_MAP_PRODUCTS = 30  # ~40 ms of input a batch on one core: the service moves a batch in ~11 ms.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -32,7 +35,7 @@ def _augment(x):
   """An input map costing more than the step: a few small matrix products per example."""
   import tensorflow as tf
   m = tf.reshape(tf.tile(x, [16]), (64, 64))
-  for _ in range(6):
+  for _ in range(_MAP_PRODUCTS):
     m = tf.tanh(tf.linalg.matmul(m, m) / 64.0)
   return tf.reshape(m[:16, :16], (256,))
 
@@ -78,7 +81,7 @@ def main(argv):
     @tf.function
     def step(batch):
       h = batch
-      for _ in range(2):
+      for _ in range(24):  # A step cheaper than the batch's input, as in an input-bound job.
         h = tf.tanh(tf.linalg.matmul(h, weights))
       weights.assign_sub(1e-6 * tf.linalg.matmul(batch, h, transpose_a=True))
 
