@@ -19,11 +19,10 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   if len(args) > 1:
     raise app.UsageError(f"usage: {USAGE}")
   config = load_config(args[0] if args else None, task=task)
-  from tfdist.data_service import run_data_service_server
+  from tfdist.data_service import own_address, run_data_service_server
+  address = own_address(config)  # A task of another job is refused before TensorFlow loads.
   import_tensorflow_without_keras()
-  server = config.task and config.cluster.addresses and \
-      config.cluster.addresses.get(config.task.type, ())[config.task.index:][:1]
-  print(f"tfdist data-service: {config.task} of {config.source or 'TF_CONFIG'}"
-        f"{f' at {server[0]}' if server else ''}", flush=True)
+  print(f"tfdist data-service: {config.task} of {config.source or 'TF_CONFIG'} at {address}",
+        flush=True)
   run_data_service_server(config)
   return 0

@@ -59,7 +59,6 @@ def run(args: list[str], task: TaskConfig | None) -> int:
   if engine not in ENGINES:
     raise ConfigError(f"must be one of {', '.join(ENGINES)}", key="engine", received=engine)
   config = load_config(config_path, environ={})
-  require_no_data_service(config, f"tfdist export {engine}")
   name = FLAGS.name or kubernetes.job_name(pathlib.Path(config_path).stem)
   if engine == "slurm":
     print(slurm.sbatch_script(config, config_path, command, job_name=name,
@@ -75,15 +74,6 @@ def run(args: list[str], task: TaskConfig | None) -> int:
         max_restarts=FLAGS["max-restarts"].value)), end="")
   return 0
 
-
-
-def require_no_data_service(config, where: str) -> None:
-  """Refuses the tf.data service's roles where they are not placed yet, in one line."""
-  if config.cluster.dispatcher:
-    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch on the local "
-                      f"backend (every task here, or one per host with --task); {where} does "
-                      "not place them yet", key="cluster.dispatcher", source=config.source,
-                      received=config.cluster.dispatcher)
 
 
 def _grpc_port() -> int | None:

@@ -25,9 +25,9 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from tfdist.config import rules, strategies
-from tfdist.config.schema import (DATA_SERVICE_JOBS, JOBS, CheckpointConfig, ClusterConfig, Config, DevicesConfig,
-                                  ParallelConfig, StrategyConfig, TaskConfig, TensorBoardConfig,
-                                  TrainingConfig)
+from tfdist.config.schema import (DATA_SERVICE_JOBS, JOBS, CheckpointConfig, ClusterConfig,
+                                  Config, DevicesConfig, ParallelConfig, StrategyConfig,
+                                  TaskConfig, TensorBoardConfig, TrainingConfig)
 from tfdist.config.tf_config import parse_tf_config, split_address
 from tfdist.errors import ConfigError
 

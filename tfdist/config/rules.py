@@ -65,6 +65,16 @@ def _check_cluster(config: Config) -> None:
                       "workers", key="cluster.dispatcher", received=cluster.dispatcher)
 
 
+def refuse_data_service(config: Config, where: str) -> None:
+  """Refuses a cluster with the tf.data service's roles where they are not placed yet (`where`:
+  "tfdist export slurm", "--backend ray"), in one line naming `cluster.dispatcher`."""
+  if config.cluster.dispatcher:
+    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch on the local "
+                      f"backend (every task here, or one per host with --task); {where} does "
+                      "not place them yet", key="cluster.dispatcher", source=config.source,
+                      received=config.cluster.dispatcher)
+
+
 def _check_task(config: Config) -> None:
   task, cluster = config.task, config.cluster
   if task is None:

@@ -5,7 +5,8 @@ BUILD_NOTES.md); a training script sends its dataset there with TensorFlow's own
 `tf.data.experimental.service.distribute(..., service=tfdist.data_service_address())`.
 """
 
-from tfdist.data_service.servers import (data_service_address, run_data_service_server,
-                                         start_data_service_server)
+from tfdist.data_service.servers import (data_service_address, own_address,
+                                         run_data_service_server, start_data_service_server)
 
-__all__ = ["data_service_address", "run_data_service_server", "start_data_service_server"]
+__all__ = ["data_service_address", "own_address", "run_data_service_server",
+           "start_data_service_server"]

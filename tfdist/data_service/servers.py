@@ -48,6 +48,22 @@ def data_service_address(config: ConfigLike = None) -> str:
   return f"grpc://{addresses[0]}"
 
 
+def own_address(config: ConfigLike = None) -> str:
+  """The host:port of the config's task, a dispatcher or a data worker.
+
+  Raises:
+    ConfigError: no task of the tf.data service, or no addresses.
+  """
+  config = as_config(config)
+  task = config.task
+  if task is None or task.type not in DATA_SERVICE_JOBS or \
+      task.type not in (config.cluster.addresses or {}):
+    raise ConfigError(f"must be one of the tf.data service's roles ({', '.join(DATA_SERVICE_JOBS)}"
+                      ") of a cluster with addresses", key="task", source=config.source,
+                      received=str(task))
+  return config.cluster.addresses[task.type][task.index]
+
+
 def start_data_service_server(config: ConfigLike = None):
   """Starts the config's task, a dispatcher or a data worker, at its address.
 
@@ -63,15 +79,9 @@ def start_data_service_server(config: ConfigLike = None):
   import tensorflow as tf
   service = tf.data.experimental.service
   config = as_config(config)
-  task = config.task
-  if task is None or task.type not in DATA_SERVICE_JOBS or \
-      task.type not in (config.cluster.addresses or {}):
-    raise ConfigError(f"must be one of the tf.data service's roles ({', '.join(DATA_SERVICE_JOBS)}"
-                      ") of a cluster with addresses", key="task", source=config.source,
-                      received=str(task))
-  address = config.cluster.addresses[task.type][task.index]
+  address = own_address(config)
   _, port = split_address(address)
-  if task.type == "dispatcher":
+  if config.task.type == "dispatcher":
     return service.DispatchServer(service.DispatcherConfig(port=port, protocol="grpc"))
   dispatcher = data_service_address(config).removeprefix("grpc://")
   return service.WorkerServer(service.WorkerConfig(

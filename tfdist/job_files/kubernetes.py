@@ -25,6 +25,7 @@ from typing import Sequence
 
 import yaml
 
+from tfdist.config import rules
 from tfdist.config.loader import CONFIG_ENV, config_to_dict
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
@@ -83,8 +84,10 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
 
   Raises:
     ConfigError: an empty cluster, no command, no image, a bad name, namespace or kind, a
-      one-replica TFJob, or files to write with no volume to keep them.
+      one-replica TFJob, files to write with no volume to keep them, or tf.data service roles
+      (not placed by the manifests yet).
   """
+  rules.refuse_data_service(config, "tfdist export kubernetes")
   if kind not in KINDS:
     raise ConfigError(f"must be one of {', '.join(KINDS)}", key="--kind", received=kind)
   # Job, StatefulSet and pod names must stay DNS labels (63 characters) with their suffixes.

@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Mapping, Sequence
 
-from tfdist.config import load_config
+from tfdist.config import load_config, rules
 from tfdist.config.loader import parse_task_flag
 from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError
@@ -190,11 +190,8 @@ def _launch(config_path, command, options, environ, plan_only: bool):
   stack = contextlib.ExitStack()
   try:
     loaded = load_config(config_path, environ={})
-    if loaded.cluster.dispatcher and getattr(backend, "NAME", "local") != "local":
-      raise ConfigError("the tf.data service's roles are launched on the local backend (every "
-                        "task here, or one per host with --task); not yet on "
-                        f"{backend.NAME}", key="cluster.dispatcher", source=loaded.source,
-                        received=loaded.cluster.dispatcher)
+    if getattr(backend, "NAME", "local") != "local":
+      rules.refuse_data_service(loaded, f"--backend {backend.NAME}")
     found = backend.discover(loaded, options, environ)
     runner = found.runner
     starter = runner or found.starter

@@ -178,7 +178,7 @@ def plan_launch(config: Config, config_path: str, command: Sequence[str], *, log
   shares = host_shares(config, gpus, task=task, local_task=local_task)
   served = data_service_env(cluster)
   for t in shares:
-    serves = runs_server(config, t.type) or t.type in DATA_SERVICE_JOBS
+    serves = runs_server(config, t.type)
     command_of = "data-service" if t.type in DATA_SERVICE_JOBS else "cluster-server"
     argv = ((python, "-m", "tfdist", command_of, config_path, "--task", f"{t.type}:{t.index}")
             if serves else tuple(command))
@@ -272,9 +272,11 @@ def require_command(command: Sequence[str], cli: str) -> None:
 
 
 def runs_server(config: Config, job: str) -> bool:
-  """True for the tasks that run `tfdist cluster-server` instead of the user's command: the
-  workers and ps of a parameter-server cluster."""
-  return strategies.kind(config.strategy.name).asynchronous and job in ("worker", "ps")
+  """True for the tasks that run a server of tfdist's instead of the user's command: the
+  workers and ps of a parameter-server cluster (`tfdist cluster-server`), the tf.data service's
+  roles (`tfdist data-service`)."""
+  return job in DATA_SERVICE_JOBS or (
+      strategies.kind(config.strategy.name).asynchronous and job in ("worker", "ps"))
 
 
 def public_addresses(config: Config) -> list[str]:

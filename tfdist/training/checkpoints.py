@@ -84,8 +84,8 @@ class Backup(keras.callbacks.BackupAndRestore):
       shutil.rmtree(self.directory, ignore_errors=True)
     super().__init__(backup_dir=self.directory, save_freq="epoch", delete_checkpoint=True,
                      double_checkpoint=True)
-    self.every = config.checkpoint.backup_every_steps
-    self.cadence = backup_cadence.Cadence(self.every, config.checkpoint.backup_budget)
+    self.cadence = backup_cadence.Cadence(config.checkpoint.backup_every_steps,
+                                          config.checkpoint.backup_budget)
     self._chief = is_chief(config)
     self._epoch_steps: int | None = None  # Unknown: backups at epoch ends only.
     self._first_step = 0  # Steps of the resumed epoch done before this fit.

@@ -217,31 +217,32 @@ class RayJob:
     return renamed
 
   def placeable(self) -> int:
-    """How many dropped workers Ray can run again: idle bundles it placed on a live node other
-    than the one their worker was lost with (a node added)."""
+    """How many dropped workers Ray can run again (a node added)."""
+    return len(self._placed_again())
+
+  def _placed_again(self) -> list[tuple[int, str]]:
+    """The idle bundles (and their lost nodes) Ray placed on a live node other than the one
+    their worker was lost with."""
     if not self._idle:
-      return 0
+      return []
     placed = self._placed()
     alive = {node["NodeID"] for node in self._ray.nodes() if node["Alive"]}
-    return sum(1 for bundle, lost in self._idle
-               if placed.get(bundle) in alive and placed.get(bundle) != lost)
+    return [(bundle, lost) for bundle, lost in self._idle
+            if placed.get(bundle) in alive and placed.get(bundle) != lost]
 
   def take_in(self, config: Config, index: int) -> Config:
     """Takes a dropped worker back in as `worker-<index>` (the workers from there on
     renumbered up), in an idle bundle Ray placed again, with a new actor; returns `config`
     with the cluster's addresses."""
-    from tfdist.config.schema import TaskConfig
-    placed = self._placed()
-    bundle, lost = next((b, n) for b, n in self._idle if placed.get(b) not in (None, n))
+    from tfdist.config.schema import JOBS, TaskConfig
+    bundle, lost = self._placed_again()[0]
     self._idle.remove((bundle, lost))
     workers = [t for t in self._tasks if t.type == "worker"]
     for task in reversed(workers[index:]):
       self._tasks[self._tasks.index(task)] = self._renamed(
           task, TaskConfig("worker", task.index + 1))
     back = TaskConfig("worker", index)
-    after = [i for i, t in enumerate(self._tasks) if t.type == "worker" and t.index < index]
-    self._tasks.insert(after[-1] + 1 if after else next(
-        i for i, t in enumerate(self._tasks) if t.type == "worker"), back)
+    self._tasks = sorted(self._tasks + [back], key=lambda t: (JOBS.index(t.type), t.index))
     self._bundles[back.name] = bundle
     self._actors[back.name] = self._new_actor(bundle)
     config = dataclasses.replace(config, cluster=dataclasses.replace(
