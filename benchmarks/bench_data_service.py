@@ -4,12 +4,12 @@ to the other core (`tfdist data-service`, as `tfdist launch` starts it), the tra
 through TensorFlow's `distribute("distributed_epoch", tfdist.data_service_address(...))`.
 Contenders interleaved; examples per second of the trainer's loop (input and step), median.
 
-Measured 2026-11-27 (2 vCPUs, AMD EPYC, TF 2.21): local 2,606-2,627 examples/s, one data worker
-1,338-1,352 (0.51). With a map of ~8 ms a batch: 0.21-0.26, the same with batches of 256,
-without compression or with a prefetch on the worker. In-process probes: the service moves a
-batch in ~11 ms whatever its size or cost (64 batches without a map: first at 0.05 s, last at
-0.75 s) and notices a job's end ~0.3 s later; `task_refresh_interval_hint_ms` and the workers'
-heartbeat barely change it. The 1.6x goal is not met here (BUILD_NOTES.md).
+Measured 2026-11-28 (2 vCPUs, AMD EPYC, TF 2.21), medians of 3: local 2,443 examples/s; one
+data worker reading a row-by-row source (`from_tensor_slices` of the rows) 1,349 (0.55); the
+same rows from a source of 64-row chunks 2,018 (0.83). The dispatcher hands a data worker one
+source element (a split) at a time: a row-by-row source pays a round trip a row (in-process
+probe, 20,000 small rows: 1,986-1,990 rows/s a row a split, 7,722-9,724 in 100-row chunks).
+The 1.6x goal is not met here (BUILD_NOTES.md).
 
   python -m benchmarks.bench_data_service [--rounds 3]
 """
@@ -26,7 +26,7 @@ from absl import app, flags
 flags.DEFINE_integer("rounds", 3, "Epochs timed per contender (after one warm-up each).")
 FLAGS = flags.FLAGS
 
-_ROWS, _BATCH = 4096, 64
+_ROWS, _BATCH, _CHUNK = 4096, 64, 64
 _MAP_PRODUCTS = 30  # ~40 ms of input a batch on one core: the service moves a batch in ~11 ms.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,15 +86,22 @@ def main(argv):
       weights.assign_sub(1e-6 * tf.linalg.matmul(batch, h, transpose_a=True))
 
     elements = tf.data.Dataset.from_tensor_slices(x).map(_augment)
-    local = elements.batch(_BATCH).prefetch(2)
-    # Batched on the data worker: one transfer a batch (element by element measured ~1,000
-    # examples/s, a round trip each).
-    served = elements.batch(_BATCH).apply(tf.data.experimental.service.distribute(
-        "distributed_epoch", tfdist.data_service_address(config))).prefetch(2)
-    figures = {"local pipeline (one core)": [], "one data worker (the other core)": []}
+    # The same rows from a source of 64-row chunks: the dispatcher hands a data worker one
+    # source element (a "split") at a time, so a row-by-row source costs a round trip a row.
+    chunked = tf.data.Dataset.from_tensor_slices(x.reshape(-1, _CHUNK, x.shape[1])).flat_map(
+        tf.data.Dataset.from_tensor_slices).map(_augment)
+    service = tf.data.experimental.service.distribute("distributed_epoch",
+                                                      tfdist.data_service_address(config))
+    # Batched on the data worker: one transfer a batch.
+    contenders = {"local pipeline (one core)": elements.batch(_BATCH).prefetch(2),
+                  "one data worker, a row a split": elements.batch(_BATCH).apply(
+                      service).prefetch(2),
+                  f"one data worker, {_CHUNK} rows a split": chunked.batch(_BATCH).apply(
+                      service).prefetch(2)}
+    figures = {name: [] for name in contenders}
     for _ in range(FLAGS.rounds):
-      figures["local pipeline (one core)"] += _timed_epochs(local, step, 1)
-      figures["one data worker (the other core)"] += _timed_epochs(served, step, 1)
+      for name, dataset in contenders.items():
+        figures[name] += _timed_epochs(dataset, step, 1)
     base = statistics.median(figures["local pipeline (one core)"])
     print("| contender | median examples/s | runs | ratio |\n|---|---|---|---|")
     for name, runs in figures.items():

@@ -79,19 +79,23 @@ def test_the_coordinator_still_runs_each_call_in_worker_process_closure():
 # preemption agreement (checkpoint.dir), the step backups' agreement (backup_every_steps), the
 # step times' gather (tensorboard.log_dir), the sharded optimizer's gather at each backup,
 # evaluation (validation_data), periodic averaging;
+# the loop reads through the tf.data service (a dataset's run name agreed as it is first read);
 # with the recorded functions each path must be seen running (any phase) and the collectives it
 # must enter.
 _AUDITED = {
-    "fit": ("training: {global_batch_size: 32, shard_optimizer: true, steps_per_execution: 2}\n"
+    "fit": ("backup_every_steps: 2",
+            "training: {global_batch_size: 32, shard_optimizer: true, steps_per_execution: 2}\n"
             "tensorboard: {log_dir: %(tmp)s/tb}\n", {},
             {"compiled function", "all_reduce_v2", "all_gather_v2"},
             {"KERAS_LOOP", "PREEMPTION_AGREEMENT", "BACKUP_AGREEMENT", "STEP_TIMES",
              "SHARDED_GATHER", "EXIT_BARRIER"}),
-    "training_loop": ("training: {global_batch_size: 32, steps_per_execution: 2, "
+    # Its step backups each taken (no budget): their copy runs between calls.
+    "training_loop": ("backup_every_steps: 2, backup_budget: null",
+                      "training: {global_batch_size: 32, steps_per_execution: 2, "
                       "average_every: 3}\n", {"LOOP": "1"},
                       {"compiled function", "all_reduce_v2"},
                       {"PREEMPTION_AGREEMENT", "BACKUP_AGREEMENT", "PERIODIC_AVERAGING",
-                       "EXIT_BARRIER"}),
+                       "DATA_SERVICE_NAME", "EXIT_BARRIER"}),
 }
 # Entered by the parameter-server test above (its chief prints them: ps_fit.py, PHASE_AUDIT).
 _PARAMETER_SERVER_MARKS = {"COORDINATOR_JOIN", "KERAS_LOOP"}
@@ -112,9 +116,10 @@ def test_every_collective_tfdist_runs_between_calls_is_declared_where_it_runs(tm
   be taken for the one they wait for. A new collective fails this until it is marked
   (`progress.collective`); the recording is shown to see the path's collectives, and the
   marks the path must enter are entered."""
-  extra, env, ran, marks = _AUDITED[path]
-  config = (MWMS % f"{tmp_path / 'checkpoints'}, backup_every_steps: 2") + \
-      extra % {"tmp": tmp_path}
+  backups, extra, env, ran, marks = _AUDITED[path]
+  config = (MWMS % f"{tmp_path / 'checkpoints'}, {backups}") + extra % {"tmp": tmp_path}
+  if "DATA_SERVICE_NAME" in marks:
+    config = config.replace("{worker: 2}", "{worker: 2, dispatcher: 1, data_worker: 1}")
   code, output = _launch(tmp_path, config, "phase_audit.py", env=env)
   assert code == 0, output[-4000:]
   for task in ("worker-0", "worker-1"):

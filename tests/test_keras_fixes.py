@@ -145,3 +145,33 @@ def test_a_second_asynchronous_checkpoint_holds_its_own_step_with_the_fix(tmp_pa
     restored, second = _two_async_saves(tmp_path)
   for got, want in zip(restored, second, strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def _steps_of_each_epoch(fixed: bool) -> list[int]:
+  """Keras's fit over data whose passes grow (2, then 3, then 4 batches), as the tf.data
+  service's passes differ: the steps Keras ran in each epoch."""
+  from tensorflow.python.ops import resource_variable_ops
+  from tfdist.training import keras_fixes
+  passes = resource_variable_ops.ResourceVariable(1, dtype=tf.int64)
+  data = tf.data.Dataset.from_tensors(0).flat_map(lambda _: tf.data.Dataset.range(
+      passes.assign_add(1)).map(lambda i: (tf.ones((2, 1)), tf.ones((2, 1)))))
+  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+  model.compile("sgd", "mse")
+  steps = []
+  counted = keras.callbacks.LambdaCallback(
+      on_epoch_begin=lambda epoch, logs: steps.append(0),
+      on_train_batch_end=lambda batch, logs: steps.__setitem__(-1, steps[-1] + 1))
+  with keras_fixes.epochs_of_their_own_length() if fixed else without_fixes():
+    model.fit(data, epochs=3, callbacks=[counted], verbose=0)
+  return steps
+
+
+def test_tensorflow_41571_keras_cuts_a_longer_epoch_to_the_first_ones_length():
+  # Keras takes 3 for the first epoch's length (its steps counted with the read that ended it)
+  # and cuts the third, of 4 batches, there.
+  assert _steps_of_each_epoch(fixed=False) == [2, 3, 3], \
+      "tensorflow#41571 looks fixed: drop keras_fixes.epochs_of_their_own_length"
+
+
+def test_each_epoch_reads_its_own_pass_to_its_end_with_the_fix():
+  assert _steps_of_each_epoch(fixed=True) == [2, 3, 4]

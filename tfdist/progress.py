@@ -64,7 +64,8 @@ class Collective(str, enum.Enum):
   PREEMPTION_AGREEMENT = "the preemption agreement"
   """After each call: every worker's "noticed?" summed (`training.preemption`)."""
   BACKUP_AGREEMENT = "the step backups' agreement"
-  """At a step backup's due step: whether every worker can afford one (`training.backup_cadence`)."""
+  """At a step backup's due step: whether every worker can afford one (`training.backup_cadence`),
+  and the loop's copy of its variables (a replicated metric's read is an all-reduce)."""
   PERIODIC_AVERAGING = "the periodic averaging"
   """`training.average_every`'s all-reduce of the weights (`training.local_sgd`)."""
   STEP_TIMES = "the step times' gather"
@@ -73,6 +74,9 @@ class Collective(str, enum.Enum):
   """The optimizer state's shards gathered to save them whole (`training.sharded_optimizer`)."""
   COORDINATOR_JOIN = "the coordinator's wait for the workers' calls"
   """Parameter-server training: the chief waits for the calls scheduled on the workers."""
+  DATA_SERVICE_NAME = "the tf.data service's run name"
+  """Once before training reads through the tf.data service: the first replica's random number
+  summed, naming this run's jobs (`training.agreement.agreed_token`)."""
   EXIT_BARRIER = "the exit barrier"
   """At a clean end: every worker leaves together (`strategy.factory`)."""
 

@@ -51,3 +51,32 @@ def _summed(strategy):
     return strategy.reduce(tf.distribute.ReduceOp.SUM,
                            strategy.run(lambda: tf.identity(value)), axis=None)
   return lambda value: float(summed(tf.constant(value, tf.float32)).numpy())
+
+
+def agreed_token(strategy, collective: progress.Collective) -> int:
+  """A number drawn at random by the first replica and held alike by every worker (one
+  all-reduce under a multi-worker strategy): a name this run's workers share and a restarted
+  run does not.
+
+  Args:
+    strategy: the run's strategy.
+    collective: where a task waiting for it is said to wait (the hang watch's name).
+
+  Returns:
+    An int below 2**24 (exact in the float32 all-reduce).
+  """
+  import random
+
+  import tensorflow as tf
+  drawn = random.SystemRandom().randrange(1, 2 ** 24)
+  if getattr(strategy.extended, "_num_workers", 1) <= 1:  # No public count; one draws.
+    return drawn
+
+  @tf.function
+  def first_replicas():
+    def mine():
+      first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+      return tf.where(first, tf.constant(float(drawn)), 0.0)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(mine), axis=None)
+  with progress.collective(collective):
+    return int(first_replicas().numpy())

@@ -94,6 +94,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
            "validation_batch_size": validation_batch_size}
   keras_arguments.refuse("fit", given, keras_arguments.PARAMETER_SERVER
                          if settings.PARAMETER_SERVER in paths else keras_arguments.SYNCHRONOUS)
+  if config.cluster.dispatcher:
+    _require_servable(train_data)
   train_data, y, sample_weight, validation_data = keras_arguments.split_validation(
       train_data, y, sample_weight, validation_split=validation_split,
       validation_data=validation_data)
@@ -162,6 +164,7 @@ class _Run:
   first_step: int = 0
   resumed: bool = False  # From a backup (not the caller's initial_epoch).
   read_anew: bool = False  # A reshuffling dataset, read by Keras epoch by epoch.
+  served: bool = False  # Read through the tf.data service: a new pass each time it is read.
   shuffled_arrays: bool = False  # Arrays in tfdist's seeded order.
   train: Any = None
   steps_per_epoch: int | None = None
@@ -235,14 +238,19 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
     report.say(step_times.DETERMINISM_NOTICE)
   if run.clock:
     run.clock.time_all_reduce(run.optimizer)
-  run.train = None if run.asynchronous else data.make_dataset(
-      train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
-      seed=run.shuffle_seed, first_epoch=run.first_epoch, epochs=None if endless else run.epochs,
-      name="train_data", sample_weight=inputs.sample_weight,
-      then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
+  service = settings.data_service(config)
+  if service:
+    run.train = _served(run, train_data, service)
+  else:
+    run.train = None if run.asynchronous else data.make_dataset(
+        train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
+        seed=run.shuffle_seed, first_epoch=run.first_epoch,
+        epochs=None if endless else run.epochs, name="train_data",
+        sample_weight=inputs.sample_weight,
+        then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
   run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
   run.steps_per_epoch = steps_per_epoch
-  run.read_anew = not endless and data.reshuffles(run.train)
+  run.read_anew = run.served or (not endless and data.reshuffles(run.train))
   if run.epoch_steps and not run.asynchronous and not run.read_anew:
     # Epochs counted by steps over one endless stream: a finite dataset makes every
     # multi-worker get_next all-reduce "has data" (a collective a step), and re-iterating it
@@ -255,6 +263,35 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   run.model.steps_per_execution = min(settings.steps_per_execution(config, run.compiled_per_call),
                                       run.epoch_steps or sys.maxsize)
   settings.learning_rate_schedule(run.optimizer, config, run.replicas, run.epoch_steps)
+
+
+def _served(run: _Run, train_data, service: str):
+  """The training dataset read through the tf.data service: each epoch one pass shared by
+  every trainer (`tfdist.data_service.reading`)."""
+  from tfdist.data_service import reading
+  from tfdist.progress import Collective
+  from tfdist.training import agreement, data
+  data.require_batched(train_data, "train_data")
+  data.require_batched_by(train_data, run.global_batch, "train_data")
+  token = agreement.agreed_token(run.strategy, Collective.DATA_SERVICE_NAME)
+  stamped = run.clock.stamped if run.clock else (lambda dataset: dataset)
+  run.served = True
+  return reading.served(train_data, strategy=run.strategy, service=service,
+                        global_batch=run.global_batch or data.batched_by(train_data),
+                        token=token, then=lambda stream: data.counted(stamped(stream)))
+
+
+def _require_servable(train_data) -> None:
+  """Raises DataError for training data the tf.data service cannot run: anything but a
+  `tf.data.Dataset` (arrays have no pipeline to run, a generator's Python and a dataset
+  function's per-worker pipelines cannot be sent)."""
+  import tensorflow as tf
+  from tfdist.training import data
+  if not isinstance(train_data, tf.data.Dataset):
+    raise data.DataError("train_data: the tf.data service (cluster.dispatcher) runs a "
+                         "tf.data.Dataset's pipeline on its data workers: pass one, batched by "
+                         "the global batch, or leave the dispatcher and data workers out. "
+                         f"Received: {type(train_data).__name__}")
 
 
 def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
@@ -279,7 +316,8 @@ def _announce(run: _Run) -> None:
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution,
       fused=run.installed.fused, accumulation=run.installed.accumulation,
       sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
-      shuffled_arrays=run.shuffled_arrays))
+      shuffled_arrays=run.shuffled_arrays,
+      data_workers=config.cluster.data_worker if run.served else 0))
   if run.resumed:
     report.say(report.resume_line(
         run.first_epoch, run.epochs, run.files[0].directory,
@@ -341,7 +379,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
     _one_device_arithmetic(model, run.optimizer,
                            run.global_batch or data.batched_by(run.train), run.config)
   parts = _parts(run.train, run.epochs, run.steps_per_epoch, run.first_epoch, run.first_step,
-                 run.epoch_steps, endless=not run.read_anew)
+                 run.epoch_steps, endless=not run.read_anew, skippable=not run.served)
   per_call, history = model.steps_per_execution, None
   for stream, start, end, steps in parts:
     if len(parts) > 1:  # Each its own steps per epoch: a train function of its own.
@@ -350,7 +388,8 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
     with keras_fixes.fixed_for(model, run.strategy, steps, run.clock, run.epoch_steps,
                                test_steps=fit_kwargs.get("validation_steps")), \
         data.empty_batches_explained("train_data"), \
-        replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext():
+        replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext(), \
+        keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext():
       part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
                        validation_data=validation,
                        callbacks=_bracketed(run, callbacks), shuffle=False,
@@ -373,16 +412,19 @@ def _finish(run: _Run) -> None:
 
 
 def _parts(train, epochs: int, steps_per_epoch, first_epoch: int, first_step: int,
-           epoch_steps: int | None, endless: bool = True) -> list[tuple]:
+           epoch_steps: int | None, endless: bool = True, skippable: bool = True) -> list[tuple]:
   """(stream, first epoch, end epoch, steps per epoch) of each Keras fit: one; or, resumed
   `first_step` steps into epoch `first_epoch` (a preemption), the rest of that epoch, then the
   epochs after it, each over the stream from where it stands (`train` starts at the epoch), or
-  over `train` anew when it is not `endless` (one epoch, read by Keras each epoch)."""
+  over `train` anew when it is not `endless` (one epoch, read by Keras each epoch). A stream
+  that is not `skippable` (the tf.data service's: each read a new pass) gives the rest of the
+  epoch from a new pass."""
   if not (first_step and epoch_steps and first_step < epoch_steps):
     return [(train, first_epoch, epochs, steps_per_epoch)]
   rest = [(train.skip(epoch_steps) if endless else train, first_epoch + 1, epochs,
            epoch_steps if endless else steps_per_epoch)]
-  return [(train.skip(first_step), first_epoch, first_epoch + 1, epoch_steps - first_step)] + (
+  return [(train.skip(first_step) if skippable else train, first_epoch, first_epoch + 1,
+           epoch_steps - first_step)] + (
       rest if first_epoch + 1 < epochs else [])
 
 

@@ -181,6 +181,35 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
     _inside.fixing = before
 
 
+@contextlib.contextmanager
+def epochs_of_their_own_length():
+  """Each epoch of a fit inside reads its data to its end, however long the epoch before.
+
+  tensorflow/tensorflow#41571: Keras learns an epoch's length from the first epoch of data of
+  unknown length and stops every later one there (`EpochIterator._num_batches`), cutting a
+  longer pass short; the tf.data service's passes differ by a step or two (their last pieces
+  fall where the data workers' streams end). And keras-team/keras#23360 (in releases after
+  3.15): its "ran out of data; interrupting training" warning, at each such end, is for a
+  `steps_per_epoch` the data did not fill alone.
+  """
+  from keras.src.trainers import epoch_iterator
+  iterator = epoch_iterator.EpochIterator
+  enumerate_epoch, warn = iterator._enumerate_iterator, iterator._interrupted_warning
+
+  def anew(self):
+    self._num_batches = self.data_adapter.num_batches  # None: this pass ends with its data.
+    return enumerate_epoch(self)
+
+  def warn_for_steps(self):
+    if self.steps_per_epoch:
+      warn(self)
+  iterator._enumerate_iterator, iterator._interrupted_warning = anew, warn_for_steps
+  try:
+    yield
+  finally:
+    iterator._enumerate_iterator, iterator._interrupted_warning = enumerate_epoch, warn
+
+
 def accumulate_outside_cond(optimizer, strategy) -> bool:
   """Makes `optimizer`'s gradient accumulation work under a replicated `strategy`; returns
   whether it accumulates there.

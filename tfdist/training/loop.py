@@ -133,6 +133,7 @@ class TrainingLoop:
     self._tracked: dict[str, object] = {}
     self._compiled: dict[int, Callable] = {}
     self._coordinator, self._worker_iterators, self._streams = None, {}, {}
+    self._service, self._served = settings.data_service(self.config), {}
     self._synced: list[_SyncedMetric] = []  # Metrics read without a collective between runs.
     self._files = contextlib.ExitStack()  # A non-chief task's scratch folder for its saves.
     self._manager: tf.train.CheckpointManager | None = None
@@ -148,7 +149,8 @@ class TrainingLoop:
         global_batch=self.global_batch_size, precision=self.precision,
         steps_per_execution=self._steps_per_call, fused=self._fused,
         accumulation=self._accumulation,
-        sharded=self._sharded))
+        sharded=self._sharded, data_workers=self.config.cluster.data_worker if self._service
+        else 0))
 
   @contextlib.contextmanager
   def scope(self):
@@ -277,7 +279,10 @@ class TrainingLoop:
     skip, self._resume_skip = self._resume_skip, 0
     self._steps_into_epoch = skip  # Each run is an epoch from its start (or the resumed step).
     length = _length(dataset)
-    if length:  # One endless stream of epochs, one iterator, as tfdist.fit reads a dataset.
+    if self._service:  # A new pass of the tf.data service's for each run (a resumed one too).
+      steps = steps - skip if steps and skip else steps
+      iterator = iter(self._served_pass(dataset))
+    elif length:  # One endless stream of epochs, one iterator, as tfdist.fit reads a dataset.
       steps = (steps or length) - skip
       iterator = self._stream(dataset, skip)
     else:  # Unknown length: a pass until the data ends.
@@ -306,6 +311,18 @@ class TrainingLoop:
         break
     for metric in self._synced:  # Every worker, in the same order: one all-reduce each.
       metric.freeze()
+
+  def _served_pass(self, dataset):
+    """`dataset` read through the tf.data service (`tfdist.data_service.reading`): registered
+    once, a new pass shared by every worker each time it is iterated."""
+    from tfdist.data_service import reading
+    from tfdist.training import agreement
+    if id(dataset) not in self._served or self._served[id(dataset)][0] is not dataset:
+      token = agreement.agreed_token(self.strategy, progress.Collective.DATA_SERVICE_NAME)
+      self._served[id(dataset)] = (dataset, reading.served(
+          dataset, strategy=self.strategy, service=self._service,
+          global_batch=self.global_batch_size, token=token, then=data.counted))
+    return self._served[id(dataset)][1]
 
   def _iterator(self, dataset):
     # The default strategy has nothing to distribute, and its distributed dataset (an extra
@@ -550,7 +567,9 @@ class TrainingLoop:
     if epoch_ends or not self.config.checkpoint.dir:
       return
     if self._cadence.due(self._steps_into_epoch - steps, self._steps_into_epoch):
-      self._save(background=True)  # Every task at the same step: a save may be a collective.
+      # Every task at the same step: the copy reads replicated metrics (an all-reduce each).
+      with progress.collective(progress.Collective.BACKUP_AGREEMENT):
+        self._save(background=True)
     elif self.is_chief:
       where = f"epoch {self._epoch + 1}, step {self._steps_into_epoch}"
       report.say(self._cadence.skip_line(where))

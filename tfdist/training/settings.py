@@ -309,6 +309,19 @@ def _votes_across_workers(config: Config) -> bool:
       bool(config.cluster.jobs)
 
 
+def data_service(config: Config) -> str | None:
+  """The tf.data service's dispatcher that tfdist.fit and tfdist.TrainingLoop read the training
+  dataset through ("grpc://host:port"), or None where the cluster has none.
+
+  Raises:
+    ConfigError: a dispatcher without its address (a task not started by tfdist launch).
+  """
+  if not config.cluster.dispatcher:
+    return None
+  from tfdist.data_service import data_service_address
+  return data_service_address(config)
+
+
 def backup_cadence(config: Config, strategy):
   """When step backups are taken (`checkpoint.backup_every_steps` within
   `checkpoint.backup_budget`): a `backup_cadence.Cadence`, every worker voting under

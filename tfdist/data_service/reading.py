@@ -1,0 +1,78 @@
+"""A training's batches read through the launch's tf.data service, each epoch one pass over the
+user's dataset that every trainer shares.
+
+Measured on TensorFlow 2.21 (BUILD_NOTES.md, "The tf.data service's roles"), and what follows:
+- A `distributed_epoch` job hands each element of the pass to one reader, once. Trainers read
+  one job by its name; each new iterator (each Keras epoch, Keras's own first look at the data
+  included) takes a new name, so a pass is never read twice and never shared across epochs.
+  The name is counted in the dataset itself, at the iterator's first read: every trainer counts
+  the same iterators, so their names agree without a collective a step.
+- Each read element is one replica's batch: the dataset's global batches are cut into the
+  replicas' pieces on the data workers (`rebatch`). A data worker's stream ends in a short
+  piece, and trainers read unequal shares of a pass: tf.distribute's own end-of-data agreement
+  (one all-reduce of "has data" a step, under multi-worker strategies) keeps their steps equal,
+  and a trainer with none left takes an empty batch.
+- A trainer that stops reading a job early (a quota, `take(n)`) drops the elements it had
+  fetched and not read: lost to the others (98 of 100 read in one pass, measured). So each
+  trainer reads its job to its end.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+JOB_PREFIX = "tfdist"
+
+
+def served(dataset, *, strategy, service: str, global_batch: int, token: int,
+           then: Callable | None = None):
+  """`dataset`'s global batches read through the tf.data service, as `strategy`'s replicas
+  take them: each Keras epoch one pass (one `distributed_epoch` job) shared by every trainer.
+
+  Args:
+    dataset: a `tf.data.Dataset` of global batches (batched by `global_batch`).
+    strategy: the strategy the batches are for.
+    service: the dispatcher, "grpc://host:port" (`tfdist.data_service_address()`).
+    global_batch: the batch `dataset` yields; each replica reads pieces of
+      `global_batch // strategy.num_replicas_in_sync`.
+    token: a number every trainer of this run holds alike and a restarted run holds anew
+      (its jobs are then new).
+    then: a last transformation of each trainer's stream (e.g. counting what it reads).
+
+  Returns:
+    A `tf.distribute.DistributedDataset` of per-replica batches; finite: one pass per
+    iterator.
+
+  Example:
+
+  ```python
+  # In a launched task (the dispatcher running), under a strategy:
+  stream = served(dataset, strategy=strategy, service=tfdist.data_service_address(),
+                  global_batch=64, token=agreed_token)
+  model.fit(stream, epochs=3)
+  ```
+  """
+  import tensorflow as tf
+  from tensorflow.python.data.experimental.ops import data_service_ops
+  from tensorflow.python.ops import resource_variable_ops
+
+  pieces = dataset.rebatch(global_batch // strategy.num_replicas_in_sync)
+  name = f"{JOB_PREFIX}-{token}"
+  dataset_id = tf.data.experimental.service.register_dataset(service, pieces, dataset_id=name)
+  with tf.init_scope(), tf.device("/cpu:0"):  # A plain counter, outside any strategy.
+    reads = resource_variable_ops.ResourceVariable(0, dtype=tf.int64, trainable=False,
+                                                   name="tfdist_data_service_reads")
+
+  def one_pass(_):
+    # The public `from_dataset_id` takes a job name of Python's str only; its own
+    # implementation, called here, takes a tensor (counted when the iterator first reads).
+    return data_service_ops._from_dataset_id(
+        "distributed_epoch", service, dataset_id, pieces.element_spec,
+        job_name=tf.strings.join([name, "-read-", tf.strings.as_string(reads.assign_add(1))]))
+
+  def per_trainer(context):
+    del context  # Every trainer reads the same jobs; the service splits them.
+    stream = tf.data.Dataset.from_tensors(0).flat_map(one_pass)
+    return then(stream) if then else stream
+
+  return strategy.distribute_datasets_from_function(per_trainer)
