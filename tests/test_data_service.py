@@ -86,10 +86,8 @@ def test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_see
 
 
 @pytest.mark.parametrize("command", [
-    ["launch", "CONFIG", "--backend", "slurm", "--", "python", "train.py"],
     ["launch", "CONFIG", "--backend", "ray", "--", "python", "train.py"],
-    ["export", "slurm", "CONFIG", "--", "python", "train.py"],
-    ["export", "kubernetes", "CONFIG", "--", "python", "train.py"],
+    ["export", "kubernetes", "CONFIG", "--kind", "tfjob", "--", "python", "train.py"],
 ])
 def test_where_the_roles_are_not_placed_yet_they_are_refused_in_one_line(tmp_path, command):
   import subprocess
@@ -114,8 +112,10 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
     tmp_path, loop):
   """One device reads each of the 192 examples once an epoch (a hand count); two trainers
   reading one pass of the service's each epoch, unequal shares, do too: Keras Metric
-  subclasses count each example id over both workers."""
-  (tmp_path / "config.yaml").write_text(_SERVED)
+  subclasses count each example id over both workers. tfdist.fit's TensorBoard (the loop
+  writes none) records the data workers beside each epoch's split, runs compared by it."""
+  tensorboard = "" if loop else f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n"
+  (tmp_path / "config.yaml").write_text(_SERVED + tensorboard)
   launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
                           "--", "python", "tests/programs/data_service_fit.py",
                           env={"LOOP": "1"} if loop else {})
@@ -129,6 +129,11 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
   assert epochs == [[192, 0, 192]] * 3, epochs
   assert "the dataset's pipeline run by 2 tf.data service data workers" in output, output[-3000:]
   assert "ran out of data" not in output, output[-3000:]
+  if not loop:
+    from tests.test_monitoring import scalars
+    train, _ = scalars(tmp_path / "tb" / "logs" / "train")
+    assert {value for _, value in train["data_workers"]} == {2.0}, train
+    assert len(train["epoch_input_share"]) == 3, train
 
 
 def test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice(
@@ -165,6 +170,9 @@ def test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_exa
      "batch, or leave the dispatcher and data workers out. Received: tuple"),
     ("parameter_server", "dataset", "cluster.dispatcher: is not honoured by the "
      "parameter-server loop: its workers read on their own schedules"),
+    ("multi_worker_mirrored", "generator", "train_data: the tf.data service's data workers run "
+     "the dataset from its graph, and this one runs Python code (from_generator or "
+     "py_function): build it from arrays or files, or leave the service out."),
 ])
 def test_what_the_service_cannot_read_is_refused_before_anything_starts(strategy, data, message):
   import numpy as np
@@ -174,6 +182,73 @@ def test_what_the_service_cannot_read_is_refused_before_anything_starts(strategy
     cluster.update(chief=1, ps=1)
   x, y = np.zeros((8, 2), "float32"), np.zeros(8, "float32")
   train = (x, y) if data == "arrays" else tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+  if data == "generator":
+    train = tf.data.Dataset.from_generator(lambda: iter([(x, y)]), output_signature=(
+        tf.TensorSpec((None, 2)), tf.TensorSpec((None,))))
   with pytest.raises(tfdist.TfdistError) as raised:
     tfdist.fit(lambda: None, train, config={"cluster": cluster, "strategy": strategy})
   assert message in str(raised.value) and "\n" not in str(raised.value), raised.value
+
+
+def test_per_host_roles_train_through_the_service_and_end_by_themselves(write_config,
+                                                                          tmp_path):
+  """One `tfdist launch --task` per role, as on real hosts (all on 127.0.0.1): the trainers
+  read each example once an epoch through the dispatcher and data worker launched beside them,
+  and those end by themselves once the chief is gone (a host's launch then ends)."""
+  import sys
+  from tfdist.machine.ports import HeldPorts
+  held = HeldPorts(4)  # Bound, never listening, until the test ends: no other test takes them.
+  w0, w1, dispatcher, data_worker = (f"127.0.0.1:{p}" for p in held.ports)
+  path = write_config(
+      f'cluster: {{worker: ["{w0}", "{w1}"], dispatcher: ["{dispatcher}"], '
+      f'data_worker: ["{data_worker}"]}}\n'
+      "strategy: multi_worker_mirrored\ntraining: {global_batch_size: 16}\n")
+  tasks = ("dispatcher:0", "data_worker:0", "worker:1", "worker:0")
+  launchers = {task: start_launch(str(path), "--task", task, "--logs", str(tmp_path / task),
+                                  "--", sys.executable, "tests/programs/data_service_fit.py")
+               for task in tasks}
+  try:
+    outputs = {task: finish(process, 240, []) for task, process in launchers.items()}
+  finally:
+    held.close()
+    for process in launchers.values():
+      if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+  for task, process in launchers.items():
+    assert process.returncode == 0, f"{task}:\n{outputs[task][-3000:]}"
+  epochs = json.loads(re.search(r"EPOCHS (.*)", outputs["worker:0"])[1])
+  assert epochs == [[192, 0, 192]] * 3, epochs
+  for server in ("dispatcher:0", "data_worker:0"):
+    assert f"the chief at {w0} is gone for 30 s: the job is done; stopping" in \
+        outputs[server], outputs[server][-3000:]
+
+
+def test_each_srun_task_of_a_service_role_runs_it_with_the_services_addresses(
+    write_config, monkeypatch, tmp_path):
+  """`tfdist export slurm`'s script gives one srun task a role each: the service's ranks run
+  `tfdist data-service`, and every rank gets the service's addresses beside TF_CONFIG."""
+  from tfdist.config.loader import DATA_SERVICE_ENV
+  from tfdist.job_files.slurm import sbatch_script
+  from tfdist.launch.backends import slurm as slurm_backend
+  from tfdist.launch.plan import plan_launch
+  from tests.test_export import slurm_env
+  path = write_config("cluster: {worker: 2, dispatcher: 1, data_worker: 1}\n"
+                      "strategy: multi_worker_mirrored\n")
+  config = tfdist.load_config(path, environ={})
+  assert "#SBATCH --ntasks=4\n" in sbatch_script(config, str(path), ["python", "t.py"],
+                                                 job_name="run")
+  roles = [("data_worker", 0), ("dispatcher", 0), ("worker", 0), ("worker", 1)]  # Sorted jobs.
+  for rank, (job, index) in enumerate(roles):
+    slurm_env(monkeypatch, rank)
+    resolved = slurm_backend.cluster_from_slurm(config, grpc_port=3000)
+    (process,) = plan_launch(resolved, str(path), ["python", "t.py"], log_dir=str(tmp_path),
+                             task=resolved.task).processes
+    env = dict(process.env)
+    assert json.loads(env["TF_CONFIG"])["cluster"] == {"worker": ["node2:3000", "node2:3001"]}
+    assert json.loads(env[DATA_SERVICE_ENV]) == {"dispatcher": ["node1:3001"],
+                                                 "data_worker": ["node1:3000"]}
+    if job == "worker":
+      assert process.argv[-2:] == ("python", "t.py"), process.argv
+    else:
+      assert process.argv[-5:] == ("tfdist", "data-service", str(path), "--task",
+                                   f"{job}:{index}"), process.argv

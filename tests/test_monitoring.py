@@ -113,6 +113,10 @@ def test_a_worker_with_a_slow_input_pipeline_is_named_the_straggler(tmp_path):
   assert all(line.startswith("straggler: worker-1,") for line in lines[1:]), lines
   assert min(ratios[1:]) > 1.5, ratios
   assert re.search(r"\[worker-0\] tfdist: epoch 3: straggler: worker-1, .* chronic: ", output)
+  # Its wait for input bounds the job: said once, with what to do.
+  said = re.findall(r"\[worker-0\] tfdist: epoch \d: input-bound: the steps waited for their "
+                    r"input \d+% of their time: run the input pipeline on tf.data service", output)
+  assert len(said) == 1, output[-3000:]
   worker, _ = scalars(tmp_path / "tb" / "launch" / "worker-1")
   # The slow worker waits for its input; its fast peer waits for it in the collectives.
   assert worker["epoch_input_wait_ms"][-1][1] > 10 > train["epoch_input_wait_ms"][-1][1]
@@ -235,3 +239,16 @@ def test_tensorboard_from_the_cli_serves_the_scalars(runs, how, write_config):
     if server.poll() is None:
       server.kill()
       server.wait()
+
+
+def test_a_job_is_input_bound_when_a_worker_waits_for_input_half_its_step():
+  from tfdist.monitoring.step_times import INPUT_BOUND, input_bound_line, input_share
+  # By hand: worker-1 waits 8 of its 10 ms; the balanced cluster at most 2 of 10.
+  assert input_share({"worker-0": [0.5, 4.0, 5.5], "worker-1": [8.0, 1.0, 1.0]}) == 0.8
+  assert input_share({"worker-0": [2.0, 6.0, 2.0], "worker-1": [1.0, 7.0, 2.0]}) == 0.2
+  assert input_share({"chief-0": [0.0, 0.0, 0.0]}) == 0.0 < INPUT_BOUND == 0.5
+  assert input_bound_line(0.8, 2) == ("input-bound: the steps waited for their input 80% of "
+                                      "their time; 2 data workers run the pipeline: add more "
+                                      "(cluster.data_worker)")
+  assert "run the input pipeline on tf.data service data workers (cluster.dispatcher" in \
+      input_bound_line(0.8, 0)

@@ -116,7 +116,7 @@ def test_the_parameter_server_chief_saves_on_a_notice_and_the_relaunch_resumes(t
 def test_a_servers_chief_watch_stops_after_a_notice_only_when_probes_miss_it_in_a_row():
   """One missed probe of a live chief (a connect timing out on a loaded machine) once stopped
   every server while the chief saved from their variables: the save failed, no exit 42."""
-  from tfdist.strategy.cluster_server import ChiefWatch
+  from tfdist.machine.chief_watch import ChiefWatch
   watch = ChiefWatch("127.0.0.1:1", gone_seconds=30)
   assert watch.probed(True, stopping=False, now=0) is None
   # After the notice: a miss, then the chief again, then misses in a row (a second apart).

@@ -1,7 +1,8 @@
 """`tfdist export slurm`'s scripts on a real Slurm (slurm-wlm's slurmctld and slurmd on
 127.0.0.1, started and stopped by `tests/integration/slurm/run`): a MultiWorkerMirrored job, a
 parameter-server job that ends by itself, a failing task's exit code, two jobs on one node, one
-config submitted twice, a preempted job requeued and resumed. Skipped, with the reason, where
+config submitted twice, a preempted job requeued and resumed, a job with the tf.data service's
+roles. Skipped, with the reason, where
 slurm-wlm is not installed or the suite does not run as root (the daemons need it).
 
 The script's jobs mostly wait on Slurm (its scheduler, a requeued job's credential hold), so

@@ -124,8 +124,11 @@ DECISIONS: dict[str, Decision] = {
                     "test_data_service.py::test_the_plan_runs_each_role_and_keeps_them_out_of_tf_config",
                     "test_data_service.py::test_where_the_roles_are_not_placed_yet_they_are_refused_in_one_line")),
     "cluster.data_worker": Decision(
-        "the tf.data service's workers, each restarted alone at its address when it dies",
-        checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",)),
+        "the tf.data service's workers, each restarted alone at its address when it dies; "
+        "placed by tfdist launch (local, per host, Slurm) and tfdist export kubernetes",
+        checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",
+                    "test_data_service.py::test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice",
+                    "test_data_service.py::test_per_host_roles_train_through_the_service_and_end_by_themselves")),
     "task.type": Decision(
         "TF_CONFIG's task: which job this process runs",
         checked_by=("test_tf_config.py::test_each_task_gets_the_whole_cluster_and_its_own_task",

@@ -67,11 +67,12 @@ def _check_cluster(config: Config) -> None:
 
 def refuse_data_service(config: Config, where: str) -> None:
   """Refuses a cluster with the tf.data service's roles where they are not placed yet (`where`:
-  "tfdist export slurm", "--backend ray"), in one line naming `cluster.dispatcher`."""
+  "--backend ray", "a TFJob (--kind tfjob)"), in one line naming `cluster.dispatcher`."""
   if config.cluster.dispatcher:
-    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch on the local "
-                      f"backend (every task here, or one per host with --task); {where} does "
-                      "not place them yet", key="cluster.dispatcher", source=config.source,
+    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch (local, per "
+                      f"host with --task, and Slurm) and by tfdist export kubernetes's JobSet "
+                      f"and StatefulSets; {where} does not place them yet",
+                      key="cluster.dispatcher", source=config.source,
                       received=config.cluster.dispatcher)
 
 

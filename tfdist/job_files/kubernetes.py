@@ -85,9 +85,10 @@ def manifests(config: Config, command: Sequence[str], *, name: str, image: str,
   Raises:
     ConfigError: an empty cluster, no command, no image, a bad name, namespace or kind, a
       one-replica TFJob, files to write with no volume to keep them, or tf.data service roles
-      (not placed by the manifests yet).
+      in a TFJob (the training operator has no such replica types).
   """
-  rules.refuse_data_service(config, "tfdist export kubernetes")
+  if kind == "tfjob":  # The training operator's replica types: Chief, Worker, PS, Evaluator.
+    rules.refuse_data_service(config, "a TFJob (--kind tfjob)")
   if kind not in KINDS:
     raise ConfigError(f"must be one of {', '.join(KINDS)}", key="--kind", received=kind)
   # Job, StatefulSet and pod names must stay DNS labels (63 characters) with their suffixes.
@@ -207,8 +208,15 @@ def _tfjob(config, command, *, name, image, namespace, grpc_port, storage) -> li
   return [_config_map(dataclasses.replace(config, cluster=counts_only), name, namespace), job]
 
 
+def dns_name(job: str) -> str:
+  """A job's name inside Kubernetes' names, which are DNS labels: `data_worker` is
+  `data-worker`."""
+  return job.replace("_", "-")
+
+
 def pod_address(name: str, job: str, index: int, namespace: str, grpc_port: int) -> str:
   """The DNS address of a StatefulSet pod: `<pod>.<service>.<namespace>.svc:<port>`."""
+  job = dns_name(job)
   return f"{name}-{job}-{index}.{name}-{job}.{namespace}.svc:{grpc_port}"
 
 
@@ -230,7 +238,7 @@ def _statefulsets(config, command, *, name, image, namespace, grpc_port, storage
             "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}},
                 {"name": JOB_ID_ENV, "value": name}],  # The run's name (launch's logs).
         "ports": [{"name": "grpc", "containerPort": grpc_port}]}
-    service = f"{name}-{job}"
+    service = f"{name}-{dns_name(job)}"
     if job != "evaluator":  # It serves nothing.
       documents.append({
           "apiVersion": "v1", "kind": "Service",
@@ -258,7 +266,7 @@ GRACE_SECONDS = 30
 def _jobset(config, command, *, name, image, namespace, grpc_port, storage,
             max_restarts) -> list[dict]:
   cluster = config.cluster
-  addresses = {job: tuple(f"{name}-{job}-0-{i}.{name}.{namespace}.svc:{grpc_port}"
+  addresses = {job: tuple(f"{name}-{dns_name(job)}-0-{i}.{name}.{namespace}.svc:{grpc_port}"
                           for i in range(cluster.count(job))) for job in cluster.jobs}
   documents = [_config_map(dataclasses.replace(
       config, cluster=dataclasses.replace(cluster, addresses=addresses)), name, namespace)]
@@ -277,7 +285,7 @@ def _jobset(config, command, *, name, image, namespace, grpc_port, storage,
     pod = {**_pod_spec(container, name, storage), "restartPolicy": "Never",
            "terminationGracePeriodSeconds": GRACE_SECONDS}
     count = cluster.count(job)
-    replicated.append({"name": job, "replicas": 1, "template": {"spec": {
+    replicated.append({"name": dns_name(job), "replicas": 1, "template": {"spec": {
         "completionMode": "Indexed", "completions": count, "parallelism": count,
         "backoffLimit": 0,
         # A preempted task (saved, exit 42) or an evicted pod fails the Job with reason
@@ -291,7 +299,8 @@ def _jobset(config, command, *, name, image, namespace, grpc_port, storage,
                                                         "status": "True"}]}]},
         "template": {"metadata": {"labels": _labels(name, job)}, "spec": pod}}}})
   servers = [job for job in cluster.jobs if runs_server(config, job)]
-  trainers = [job for job in cluster.jobs if job not in servers and job != "evaluator"]
+  trainers = [dns_name(job) for job in cluster.jobs
+              if job not in servers and job != "evaluator"]
   spec = {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
           "failurePolicy": {"maxRestarts": max_restarts, "rules": [
               {"name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",

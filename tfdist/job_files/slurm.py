@@ -11,7 +11,6 @@ import shlex
 import sys
 from typing import Sequence
 
-from tfdist.config import rules
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError
 from tfdist.exit_codes import PREEMPTED
@@ -42,10 +41,8 @@ def sbatch_script(config: Config, config_path: str, command: Sequence[str], *, j
     python: the interpreter the tasks run tfdist with.
 
   Raises:
-    ConfigError: the cluster is empty, or `nodes` is out of range, or it has tf.data service
-      roles (not placed by Slurm yet).
+    ConfigError: the cluster is empty, or `nodes` is out of range.
   """
-  rules.refuse_data_service(config, "tfdist export slurm")
   tasks = len(config.cluster.tasks())
   if not tasks:
     raise ConfigError("must name the tasks to run (e.g. cluster: {worker: 2})", key="cluster",

@@ -190,7 +190,7 @@ def _launch(config_path, command, options, environ, plan_only: bool):
   stack = contextlib.ExitStack()
   try:
     loaded = load_config(config_path, environ={})
-    if getattr(backend, "NAME", "local") != "local":
+    if getattr(backend, "NAME", "local") not in ("local", "slurm"):
       rules.refuse_data_service(loaded, f"--backend {backend.NAME}")
     found = backend.discover(loaded, options, environ)
     runner = found.runner

@@ -34,6 +34,10 @@ from tfdist.strategy import gradient_reduction
 
 STRAGGLER_RATIO = 1.3  # Megatron's straggler detector flags ranks ~1.3x slower than the median.
 STRAGGLER_MS = 1.0  # And at least this much slower: 0.3 ms against 0.2 ms is noise, not a lag.
+INPUT_BOUND = 0.5
+"""A job is input-bound when a worker's steps wait for its input at least this share of their
+time: more than its forward, backward, update and all-reduce together. Synchronous workers go
+at the pace of the slowest, so one such worker bounds the job."""
 PARTS = ("input_wait", "compute", "collective_wait")
 DETERMINISM_NOTICE = ("tfdist: op determinism is on: the step-time split (epoch_input_wait_ms, "
                       "epoch_compute_ms, epoch_collective_wait_ms) and the straggler line are off; "
@@ -180,18 +184,44 @@ def describe(name: str | None, ratio: float, rows: dict[str, list[float]], chron
           f"{'chronic' if chronic > 1 else 'first time'}: {chronic} of {epochs} epochs")
 
 
+def input_share(rows: dict[str, list[float]]) -> float:
+  """The largest share of a worker's step time spent waiting for its input, from {task name:
+  [input, compute, collective]}. Pure.
+
+  >>> input_share({"worker-0": [6, 2, 2], "worker-1": [8, 1, 1], "worker-2": [1, 4, 5]})
+  0.8
+  """
+  return max((values[0] / sum(values) if sum(values) > 0 else 0.0
+              for values in rows.values()), default=0.0)
+
+
+def input_bound_line(share: float, data_workers: int) -> str:
+  """What to say of an input-bound epoch (`share`: `input_share`'s), with the tf.data service's
+  `data_workers` (0: none). Pure."""
+  head = f"input-bound: the steps waited for their input {share:.0%} of their time"
+  if data_workers:
+    return (f"{head}; {data_workers} data worker{'s' * (data_workers != 1)} run the pipeline: "
+            "add more (cluster.data_worker)")
+  return (f"{head}: run the input pipeline on tf.data service data workers (cluster.dispatcher "
+          "and cluster.data_worker), or make it cheaper")
+
+
 class StepTimes:
-  """Writes this task's step-time split each epoch and, on the chief, the straggler.
+  """Writes this task's step-time split each epoch and, on the chief, the straggler and
+  whether the job is input-bound.
 
   Args:
     clock: the `StepClock` timing this task's steps.
     strategy: the strategy the steps run under (gathers every worker's split).
     task_name: this task's name ("worker-1", a `TaskConfig.name`).
     chief: whether this task writes the straggler's scalars and line.
+    data_workers: the tf.data service's data workers running the input (0: none).
   """
 
-  def __init__(self, clock: StepClock, strategy, task_name: str, chief: bool):
+  def __init__(self, clock: StepClock, strategy, task_name: str, chief: bool,
+               data_workers: int = 0):
     self.clock, self.strategy, self.task_name, self.chief = clock, strategy, task_name, chief
+    self.data_workers, self._said_bound = data_workers, False
     self.stragglers = Stragglers()
     self._gather = _gather_function(strategy)
 
@@ -212,3 +242,13 @@ class StepTimes:
     tf.summary.text("straggler", line, step=epoch)
     if named:
       print(f"tfdist: epoch {epoch + 1}: {line}", flush=True)
+    share = input_share(rows)
+    tf.summary.scalar("epoch_input_share", share, step=epoch)
+    tf.summary.scalar("data_workers", self.data_workers, step=epoch)  # Runs compared by it.
+    bound = share >= INPUT_BOUND
+    if bound:
+      tf.summary.text("input_bound", input_bound_line(share, self.data_workers), step=epoch)
+    if bound and not self._said_bound:  # Once, and again after epochs that were not.
+      print(f"tfdist: epoch {epoch + 1}: {input_bound_line(share, self.data_workers)}",
+            flush=True)
+    self._said_bound = bound

@@ -55,7 +55,8 @@ def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | 
                           "train" if chief else "", global_batch, profile=profile,
                           replicas=strategy.num_replicas_in_sync if chief else 0,
                           step_times=clock and step_times.StepTimes(
-                              clock, strategy, task_name(config), chief))
+                              clock, strategy, task_name(config), chief,
+                              data_workers=config.cluster.data_worker))
   if not chief:
     return [throughput]
   curves = ClusterTensorBoard(run, update_freq=config.tensorboard.update_freq,

@@ -3,7 +3,6 @@ cluster runs instead of a script: `tfdist cluster-server`."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
@@ -11,50 +10,10 @@ import time
 
 from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
+from tfdist.machine.chief_watch import CHIEF_GONE_SECONDS, ChiefWatch
 from tfdist.machine.ports import accepts
 from tfdist.strategy.devices import configure_devices
 from tfdist.config.loader import ConfigLike, as_config
-
-CHIEF_GONE_SECONDS = 30.0
-"""A server ends (exit 0) once the chief it served has been unreachable this long: the job is
-done (or its chief failed, which its own launcher reports), so every engine sees the job end."""
-MISSED_AFTER_NOTICE = 3
-"""After a preemption notice, a server ends once this many probes in a row (a second apart)
-missed its chief: one probe can miss a live chief (a 0.2 s connect to a busy chief's loopback
-port timed out, then the next connected, on a 2-vCPU VM), and the chief is still saving from
-this server's variables."""
-
-
-@dataclasses.dataclass
-class ChiefWatch:
-  """Whether a worker or ps server should stop, from probes of its chief's port. Pure.
-
-  ```python
-  watch = ChiefWatch("127.0.0.1:2222")
-  watch.probed(True, stopping=False, now=0.0)    # None: serve on
-  ```
-  """
-  chief: str
-  gone_seconds: float = CHIEF_GONE_SECONDS
-  seen: bool = False
-  missed: int = 0
-  gone_since: float | None = None
-
-  def probed(self, reachable: bool, stopping: bool, now: float) -> str | None:
-    """Takes one probe's result; returns why to stop, or None to serve on."""
-    if reachable:
-      self.seen, self.missed, self.gone_since = True, 0, None
-      return None
-    self.missed += 1
-    if stopping and self.missed >= MISSED_AFTER_NOTICE:
-      return f"the chief at {self.chief} is gone: stopping"
-    if self.seen:
-      self.gone_since = now if self.gone_since is None else self.gone_since
-      if now - self.gone_since >= self.gone_seconds:
-        return (f"the chief at {self.chief} is gone for {self.gone_seconds:g} s: the job is "
-                "done; stopping")
-    return None
-
 
 def start_cluster_server(config: ConfigLike = None):
   """Starts the `tf.distribute.Server` of the config's task and returns it.

@@ -237,17 +237,20 @@ def require_batched_by(dataset: tf.data.Dataset, batch_size: int | None, name: s
                     f"batched by {batched}")
 
 
-def require_serializable(dataset: tf.data.Dataset, name: str) -> None:
+def require_serializable(dataset: tf.data.Dataset, name: str,
+                         where: str = "parameter-server workers rebuild",
+                         advice: str = "pass a dataset function that builds it from arrays or "
+                                       "files") -> None:
   """Raises DataError when the dataset cannot be rebuilt elsewhere from its graph, as
-  parameter-server workers rebuild it (`ClusterCoordinator.create_per_worker_dataset`)."""
+  parameter-server workers rebuild it (`ClusterCoordinator.create_per_worker_dataset`) or the
+  tf.data service's data workers run it (`where` says who, `advice` what to do)."""
   try:
     dataset._as_serialized_graph(
         external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
   except tf.errors.FailedPreconditionError:
-    raise DataError(f"{name}: parameter-server workers rebuild the dataset from its graph, and "
-                    "this one runs Python code (from_generator or py_function): pass a dataset "
-                    "function that builds it from arrays or files. Received: a dataset with "
-                    "Python state") from None
+    raise DataError(f"{name}: {where} the dataset from its graph, and this one runs Python "
+                    f"code (from_generator or py_function): {advice}. Received: a dataset "
+                    "with Python state") from None
 
 
 def usable_count(count: int, batch_size: int, replicas: int) -> int:

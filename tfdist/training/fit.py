@@ -292,6 +292,8 @@ def _require_servable(train_data) -> None:
                          "tf.data.Dataset's pipeline on its data workers: pass one, batched by "
                          "the global batch, or leave the dispatcher and data workers out. "
                          f"Received: {type(train_data).__name__}")
+  data.require_serializable(train_data, "train_data", "the tf.data service's data workers run",
+                            "build it from arrays or files, or leave the service out")
 
 
 def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
