@@ -29,7 +29,7 @@ BAD_CONFIGS = [
      "'tag:yaml.org,2002:python/object/apply:os.system'\""),
     ("unknown_section", "strategies: mirrored\n", None, None,
      "{f}: strategies: unknown section; the sections are: cluster, task, strategy, devices, "
-     "training, checkpoint, tensorboard, parallel. Received: 'strategies'"),
+     "training, checkpoint, tensorboard, parallel, data_service. Received: 'strategies'"),
     ("parallel_bad_stages", "parallel: {stages: halves}\n", None, None,
      "{f}: parallel.stages: must be \"balanced\", a list of stages (lists of layer names or "
      "indices) or a map of layer names to devices. Received: 'halves'"),

@@ -252,3 +252,46 @@ def test_each_srun_task_of_a_service_role_runs_it_with_the_services_addresses(
     else:
       assert process.argv[-5:] == ("tfdist", "data-service", str(path), "--task",
                                    f"{job}:{index}"), process.argv
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["work_dir", "no_work_dir"])
+def test_a_dispatcher_killed_mid_epoch_recovers_from_its_work_dir_and_training_goes_on(
+    tmp_path, journal):
+  """The dispatcher killed -9 in epoch 1 of tfdist.fit: restarted alone at its address, it
+  reads its journal (`data_service.work_dir`) back, and the trainers go on through it: no
+  example twice in any epoch, the epochs around it whole. Without a journal it forgot the
+  jobs: the trainers stop, saying in one line what to set."""
+  (tmp_path / "config.yaml").write_text(
+      _SERVED.replace("global_batch_size: 16", "global_batch_size: 16, steps_per_execution: 1")
+      + (f"data_service: {{work_dir: {tmp_path / 'journal'}}}\n" if journal else ""))
+  launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
+                          "--max-restarts", "1", "--", "python",
+                          "tests/programs/data_service_fit.py", env={"MIDWAY": "1"})
+  seen = []
+  try:
+    read_until(launcher, r"\[worker-0\] MIDWAY", 240, seen)
+    killed = int(re.search(r"dispatcher-0 started \(pid (\d+)\)", "".join(seen))[1])
+    os.kill(killed, signal.SIGKILL)
+    output = finish(launcher, 240, seen)
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+  assert "restarting dispatcher-0 alone" in output, output[-4000:]
+  if not journal:
+    assert launcher.returncode == 1, output[-4000:]
+    assert "data_service.work_dir: the tf.data service's dispatcher restarted and forgot the " \
+        "jobs being read (it keeps them in memory only): set data_service.work_dir" in output, \
+        output[-4000:]
+    return
+  assert launcher.returncode == 0, output[-4000:]
+  epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
+  assert epochs[0] == epochs[2] == [192, 0, 192], epochs
+  once, again, trained = epochs[1]
+  assert again == 0 and once == trained and 96 <= trained <= 192, epochs
+
+
+def test_a_journal_without_a_dispatcher_is_refused_in_one_line():
+  with pytest.raises(tfdist.ConfigError, match=re.escape(
+      "data_service.work_dir: is the tf.data service dispatcher's journal: give the cluster "
+      "cluster.dispatcher and cluster.data_worker, or leave it out. Received: '/tmp/j'")):
+    tfdist.load_config({"cluster": {"worker": 2}, "data_service": {"work_dir": "/tmp/j"}})

@@ -129,6 +129,10 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",
                     "test_data_service.py::test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice",
                     "test_data_service.py::test_per_host_roles_train_through_the_service_and_end_by_themselves")),
+    "data_service.work_dir": Decision(
+        "the dispatcher's journal (TensorFlow's fault-tolerant mode): a dispatcher killed and "
+        "restarted alone by tfdist launch recovers its jobs, and training goes on",
+        checked_by=("test_data_service.py::test_a_dispatcher_killed_mid_epoch_recovers_from_its_work_dir_and_training_goes_on",)),
     "task.type": Decision(
         "TF_CONFIG's task: which job this process runs",
         checked_by=("test_tf_config.py::test_each_task_gets_the_whole_cluster_and_its_own_task",
@@ -382,13 +386,9 @@ def default(key: str) -> Any:
       for field in dataclasses.fields(kind.options):
         if field.name == name:
           return field.default
-  classes = {"cluster": schema.ClusterConfig, "task": schema.TaskConfig,
-             "devices": schema.DevicesConfig, "training": schema.TrainingConfig,
-             "checkpoint": schema.CheckpointConfig, "tensorboard": schema.TensorBoardConfig,
-             "parallel": schema.ParallelConfig}
   if section == "task":
     return None
-  field = next(f for f in dataclasses.fields(classes[section]) if f.name == name)
+  field = next(f for f in dataclasses.fields(schema.SECTIONS[section]) if f.name == name)
   return field.default
 
 

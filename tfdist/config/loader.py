@@ -25,9 +25,8 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from tfdist.config import rules, strategies
-from tfdist.config.schema import (DATA_SERVICE_JOBS, JOBS, CheckpointConfig, ClusterConfig,
-                                  Config, DevicesConfig, ParallelConfig, StrategyConfig,
-                                  TaskConfig, TensorBoardConfig, TrainingConfig)
+from tfdist.config.schema import (DATA_SERVICE_JOBS, JOBS, SECTIONS, ClusterConfig, Config,
+                                  StrategyConfig, TaskConfig)
 from tfdist.config.tf_config import parse_tf_config, split_address
 from tfdist.errors import ConfigError
 
@@ -50,10 +49,7 @@ DATA_SERVICE_ENV = "TFDIST_DATA_SERVICE"
 """A launched task's tf.data service addresses, as JSON ({"dispatcher": [...], "data_worker":
 [...]}): TF_CONFIG leaves these roles out (`tf_config.cluster_spec`)."""
 
-_SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
-             "devices": DevicesConfig, "training": TrainingConfig,
-             "checkpoint": CheckpointConfig, "tensorboard": TensorBoardConfig,
-             "parallel": ParallelConfig}
+_SECTIONS = SECTIONS
 # Keys TensorFlow's own TF_CONFIG documents carry beside cluster and task.
 _TF_CONFIG_EXTRAS = ("environment", "rpc_layer")
 _BOOLEAN_HINT = ("YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the value")
@@ -483,7 +479,7 @@ def config_to_dict(config: Config) -> dict:
     document["task"] = {"type": config.task.type, "index": config.task.index}
   document["strategy"] = {"name": config.strategy.name,
                           **_plain(dataclasses.asdict(config.strategy.options))}
-  for section in ("devices", "training", "checkpoint", "tensorboard", "parallel"):
+  for section in [name for name in SECTIONS if name not in ("cluster", "task", "strategy")]:
     document[section] = _plain(dataclasses.asdict(getattr(config, section)))
   return document
 

@@ -18,10 +18,7 @@ from typing import Iterator
 
 from tfdist.config import honoured, schema, strategies
 
-_SECTIONS = {"cluster": schema.ClusterConfig, "task": schema.TaskConfig,
-             "strategy": schema.StrategyConfig, "devices": schema.DevicesConfig,
-             "training": schema.TrainingConfig, "checkpoint": schema.CheckpointConfig,
-             "tensorboard": schema.TensorBoardConfig, "parallel": schema.ParallelConfig}
+_SECTIONS = schema.SECTIONS
 
 
 @dataclasses.dataclass(frozen=True)

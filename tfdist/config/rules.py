@@ -63,6 +63,10 @@ def _check_cluster(config: Config) -> None:
   if cluster.dispatcher and not cluster.training_tasks:
     raise ConfigError("the tf.data service feeds trainers: give the cluster a chief or "
                       "workers", key="cluster.dispatcher", received=cluster.dispatcher)
+  if config.data_service.work_dir and not cluster.dispatcher:
+    raise ConfigError("is the tf.data service dispatcher's journal: give the cluster "
+                      "cluster.dispatcher and cluster.data_worker, or leave it out",
+                      key="data_service.work_dir", received=config.data_service.work_dir)
 
 
 def refuse_data_service(config: Config, where: str) -> None:

@@ -342,6 +342,20 @@ class TensorBoardConfig:
   profile_every_task: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class DataServiceConfig:
+  """The tf.data service's options (its roles are `cluster.dispatcher` and
+  `cluster.data_worker`).
+
+  Attributes:
+    work_dir: the dispatcher's journal, a directory it can write (shared storage where it may
+      restart on another host): a dispatcher that dies and is restarted (tfdist launch restarts
+      it alone) recovers its datasets, jobs and workers from it, and training goes on; None
+      keeps its state in memory only. Needs the service's roles.
+  """
+  work_dir: str | None = None
+
+
 def _valid_stages(value) -> bool:
   if value == "balanced":
     return True
@@ -389,6 +403,7 @@ class Config:
     checkpoint: checkpoint settings.
     tensorboard: TensorBoard settings.
     parallel: a model split over devices.
+    data_service: the tf.data service's options.
     source: where the config came from (a path, `TF_CONFIG`, `<dict>`), for messages.
 
   Example:
@@ -407,4 +422,13 @@ class Config:
   checkpoint: CheckpointConfig = CheckpointConfig()
   tensorboard: TensorBoardConfig = TensorBoardConfig()
   parallel: ParallelConfig = ParallelConfig()
+  data_service: DataServiceConfig = DataServiceConfig()
   source: str | None = dataclasses.field(default=None, compare=False)
+
+
+SECTIONS = {"cluster": ClusterConfig, "task": TaskConfig, "strategy": StrategyConfig,
+            "devices": DevicesConfig, "training": TrainingConfig, "checkpoint": CheckpointConfig,
+            "tensorboard": TensorBoardConfig, "parallel": ParallelConfig,
+            "data_service": DataServiceConfig}
+"""Each top-level key of a config and its dataclass: what the loader reads, the reference
+renders and the honoured table covers."""

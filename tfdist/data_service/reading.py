@@ -19,7 +19,10 @@ Measured on TensorFlow 2.21 (BUILD_NOTES.md, "The tf.data service's roles"), and
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
+
+from tfdist.errors import ConfigError
 
 JOB_PREFIX = "tfdist"
 
@@ -76,3 +79,23 @@ def served(dataset, *, strategy, service: str, global_batch: int, token: int,
     return then(stream) if then else stream
 
   return strategy.distribute_datasets_from_function(per_trainer)
+
+
+_FORGOTTEN = "The dispatcher is not configured to be fault tolerant"
+
+
+@contextlib.contextmanager
+def dispatcher_restarts_explained():
+  """Turns TensorFlow's error for a dispatcher that restarted without its journal (and so
+  forgot the jobs being read) into one line saying what to set."""
+  import tensorflow as tf
+  try:
+    yield
+  except tf.errors.NotFoundError as e:
+    if _FORGOTTEN not in str(e):
+      raise
+    raise ConfigError("the tf.data service's dispatcher restarted and forgot the jobs being "
+                      "read (it keeps them in memory only): set data_service.work_dir, a "
+                      "directory it can write, and a restarted dispatcher recovers them",
+                      key="data_service.work_dir", received=None) from None
+

@@ -85,7 +85,9 @@ def start_data_service_server(config: ConfigLike = None):
   address = own_address(config)
   _, port = split_address(address)
   if config.task.type == "dispatcher":
-    return service.DispatchServer(service.DispatcherConfig(port=port, protocol="grpc"))
+    work_dir = config.data_service.work_dir
+    return service.DispatchServer(service.DispatcherConfig(
+        port=port, protocol="grpc", work_dir=work_dir, fault_tolerant_mode=bool(work_dir)))
   dispatcher = data_service_address(config).removeprefix("grpc://")
   return service.WorkerServer(service.WorkerConfig(
       dispatcher_address=dispatcher, worker_address=address, port=port, protocol="grpc",

@@ -281,6 +281,13 @@ def _served(run: _Run, train_data, service: str):
                         token=token, then=lambda stream: data.counted(stamped(stream)))
 
 
+def _dispatcher_restarts_explained(served: bool):
+  if not served:
+    return contextlib.nullcontext()
+  from tfdist.data_service import reading
+  return reading.dispatcher_restarts_explained()
+
+
 def _require_servable(train_data) -> None:
   """Raises DataError for training data the tf.data service cannot run: anything but a
   `tf.data.Dataset` (arrays have no pipeline to run, a generator's Python and a dataset
@@ -391,7 +398,8 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
                                test_steps=fit_kwargs.get("validation_steps")), \
         data.empty_batches_explained("train_data"), \
         replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext(), \
-        keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext():
+        keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext(), \
+        _dispatcher_restarts_explained(run.served):
       part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
                        validation_data=validation,
                        callbacks=_bracketed(run, callbacks), shuffle=False,

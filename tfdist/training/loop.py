@@ -296,7 +296,7 @@ class TrainingLoop:
       count = count if steps is None else min(count, steps - done)
       progress.begin_call(self._epoch, self._steps_into_epoch)
       try:
-        with replica_math.unscaled_keras_losses():
+        with replica_math.unscaled_keras_losses(), self._explained():
           scalars, tensors, ran = call(iterator, tf.constant(count))
       except (StopIteration, tf.errors.OutOfRangeError):
         progress.finish_call(where=_OWN_LOOP)
@@ -311,6 +311,14 @@ class TrainingLoop:
         break
     for metric in self._synced:  # Every worker, in the same order: one all-reduce each.
       metric.freeze()
+
+  def _explained(self):
+    """What a step's error means, said in one line where tfdist knows (the tf.data service's
+    dispatcher that forgot its jobs)."""
+    if not self._service:
+      return contextlib.nullcontext()
+    from tfdist.data_service import reading
+    return reading.dispatcher_restarts_explained()
 
   def _served_pass(self, dataset):
     """`dataset` read through the tf.data service (`tfdist.data_service.reading`): registered
