@@ -136,32 +136,43 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
     assert len(train["epoch_input_share"]) == 3, train
 
 
-def test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice(
-    tmp_path):
-  """A data worker killed -9 in epoch 1 (of 0-2) of tfdist.fit over two trainers: the launcher
-  restarts it alone, training goes on; that epoch loses what the worker held (its in-flight
-  split and the pieces it had made), never an example twice; the epochs around it whole."""
+def _fit_with_a_role_killed_midway(tmp_path, role: str, extra: str = "") -> tuple[int, str]:
+  """(exit code, output) of a launch of data_service_fit.py whose `role` task ("data_worker-0",
+  "dispatcher-0") is killed -9 in epoch 1, while the chief pauses there (MIDWAY)."""
   (tmp_path / "config.yaml").write_text(  # A call a step: the pause falls within the epoch.
-      _SERVED.replace("global_batch_size: 16", "global_batch_size: 16, steps_per_execution: 1"))
+      _SERVED.replace("global_batch_size: 16", "global_batch_size: 16, steps_per_execution: 1")
+      + extra)
   launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
                           "--max-restarts", "1", "--", "python",
                           "tests/programs/data_service_fit.py", env={"MIDWAY": "1"})
   seen = []
   try:
     read_until(launcher, r"\[worker-0\] MIDWAY", 240, seen)
-    killed = int(re.search(r"data_worker-0 started \(pid (\d+)\)", "".join(seen))[1])
-    os.kill(killed, signal.SIGKILL)
+    os.kill(int(re.search(rf"{role} started \(pid (\d+)\)", "".join(seen))[1]), signal.SIGKILL)
     output = finish(launcher, 240, seen)
   finally:
     if launcher.poll() is None:
       os.killpg(launcher.pid, signal.SIGKILL)
-  assert launcher.returncode == 0, output[-4000:]
-  assert "restarting data_worker-0 alone" in output, output[-4000:]
+  assert f"restarting {role} alone" in output, output[-4000:]
+  return launcher.returncode, output
+
+
+def _epochs_around_whole_and_none_twice(output: str) -> None:
   epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
   assert epochs[0] == epochs[2] == [192, 0, 192], epochs
   once, again, trained = epochs[1]
-  # Measured: 0, 4 and 15 examples lost in three runs; the bound is half the epoch.
+  # Measured (a data worker): 0, 4 and 15 examples lost in three runs; the bound is half.
   assert again == 0 and once == trained and 96 <= trained <= 192, epochs
+
+
+def test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice(
+    tmp_path):
+  """A data worker killed -9 in epoch 1 (of 0-2) of tfdist.fit over two trainers: the launcher
+  restarts it alone, training goes on; that epoch loses what the worker held (its in-flight
+  split and the pieces it had made), never an example twice; the epochs around it whole."""
+  code, output = _fit_with_a_role_killed_midway(tmp_path, "data_worker-0")
+  assert code == 0, output[-4000:]
+  _epochs_around_whole_and_none_twice(output)
 
 
 @pytest.mark.parametrize("strategy,data,message", [
@@ -261,33 +272,17 @@ def test_a_dispatcher_killed_mid_epoch_recovers_from_its_work_dir_and_training_g
   reads its journal (`data_service.work_dir`) back, and the trainers go on through it: no
   example twice in any epoch, the epochs around it whole. Without a journal it forgot the
   jobs: the trainers stop, saying in one line what to set."""
-  (tmp_path / "config.yaml").write_text(
-      _SERVED.replace("global_batch_size: 16", "global_batch_size: 16, steps_per_execution: 1")
-      + (f"data_service: {{work_dir: {tmp_path / 'journal'}}}\n" if journal else ""))
-  launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
-                          "--max-restarts", "1", "--", "python",
-                          "tests/programs/data_service_fit.py", env={"MIDWAY": "1"})
-  seen = []
-  try:
-    read_until(launcher, r"\[worker-0\] MIDWAY", 240, seen)
-    killed = int(re.search(r"dispatcher-0 started \(pid (\d+)\)", "".join(seen))[1])
-    os.kill(killed, signal.SIGKILL)
-    output = finish(launcher, 240, seen)
-  finally:
-    if launcher.poll() is None:
-      os.killpg(launcher.pid, signal.SIGKILL)
-  assert "restarting dispatcher-0 alone" in output, output[-4000:]
+  code, output = _fit_with_a_role_killed_midway(
+      tmp_path, "dispatcher-0",
+      f"data_service: {{work_dir: {tmp_path / 'journal'}}}\n" if journal else "")
   if not journal:
-    assert launcher.returncode == 1, output[-4000:]
+    assert code == 1, output[-4000:]
     assert "data_service.work_dir: the tf.data service's dispatcher restarted and forgot the " \
         "jobs being read (it keeps them in memory only): set data_service.work_dir" in output, \
         output[-4000:]
     return
-  assert launcher.returncode == 0, output[-4000:]
-  epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
-  assert epochs[0] == epochs[2] == [192, 0, 192], epochs
-  once, again, trained = epochs[1]
-  assert again == 0 and once == trained and 96 <= trained <= 192, epochs
+  assert code == 0, output[-4000:]
+  _epochs_around_whole_and_none_twice(output)
 
 
 def test_a_journal_without_a_dispatcher_is_refused_in_one_line():
