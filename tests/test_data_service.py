@@ -85,22 +85,21 @@ def test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_see
   assert set(epochs[1].values()) == {1} and 390 <= len(epochs[1]) <= 400, len(epochs[1])
 
 
-@pytest.mark.parametrize("command", [
-    ["launch", "CONFIG", "--backend", "ray", "--", "python", "train.py"],
-    ["export", "kubernetes", "CONFIG", "--kind", "tfjob", "--", "python", "train.py"],
-])
-def test_where_the_roles_are_not_placed_yet_they_are_refused_in_one_line(tmp_path, command):
+def test_a_tfjob_which_has_no_place_for_the_roles_refuses_them_in_one_line(tmp_path):
   import subprocess
   import sys
   from tests.launching import ENV
   config = tmp_path / "config.yaml"
   config.write_text("cluster: {worker: 1, dispatcher: 1, data_worker: 1}\n")
-  done = subprocess.run([sys.executable, "-m", "tfdist",
-                         *[str(config) if a == "CONFIG" else a for a in command]],
+  done = subprocess.run([sys.executable, "-m", "tfdist", "export", "kubernetes", str(config),
+                         "--kind", "tfjob", "--image", "i", "--", "python", "train.py"],
                         env=ENV, capture_output=True, text=True, timeout=120)
   lines = done.stderr.strip().splitlines()
   assert done.returncode == 2 and len(lines) == 1, done.stderr
-  assert "cluster.dispatcher: the tf.data service's roles are launched" in lines[0], lines[0]
+  assert "cluster.dispatcher: the tf.data service's roles are launched by tfdist launch " \
+      "(every backend, and per host with --task) and by tfdist export kubernetes's JobSet and " \
+      "StatefulSets; a TFJob (--kind tfjob) has no place for them. Received: 1" in lines[0], \
+      lines[0]
 
 
 _SERVED = ("cluster: {worker: 2, dispatcher: 1, data_worker: 2}\n"

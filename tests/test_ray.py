@@ -127,6 +127,23 @@ def test_two_workers_equal_plain_keras_on_one_device(ray_head, write_config, tmp
   assert set(pathlib.Path(tempfile.gettempdir()).glob("tfdist-ray-task-*")) <= folders
 
 
+def test_the_tf_data_service_roles_run_as_actors_and_each_example_is_trained_on_once(
+    ray_head, write_config, tmp_path):
+  """The dispatcher and data worker are actors like the trainers; the trainers read through
+  them each of 192 examples once in each epoch (a hand count)."""
+  config = write_config("cluster: {worker: 2, dispatcher: 1, data_worker: 1}\n"
+                        "strategy: multi_worker_mirrored\ntraining: {global_batch_size: 16}\n")
+  launcher = ray_launch(ray_head, config, tmp_path, "--", sys.executable,
+                        str(PROGRAMS / "data_service_fit.py"))
+  output = finish(launcher, 240, [])
+  assert launcher.returncode == 0, output[-3000:]
+  assert re.search(r'TFDIST_DATA_SERVICE=\{"dispatcher": \["127\.0\.0\.1:\d+"\], '
+                   r'"data_worker": \["127\.0\.0\.1:\d+"\]\}', output), output[:3000]
+  epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
+  assert epochs == [[192, 0, 192]] * 3, epochs
+  assert alive_actors(ray_head) == []
+
+
 def test_parameter_server_job_converges(ray_head, write_config, tmp_path):
   config = write_config(
       "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"

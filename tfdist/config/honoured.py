@@ -122,10 +122,10 @@ DECISIONS: dict[str, Decision] = {
                  SPLIT: "a split model's workers take their slices of each batch themselves"},
         checked_by=("test_data_service.py::test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_workers",
                     "test_data_service.py::test_the_plan_runs_each_role_and_keeps_them_out_of_tf_config",
-                    "test_data_service.py::test_where_the_roles_are_not_placed_yet_they_are_refused_in_one_line")),
+                    "test_data_service.py::test_a_tfjob_which_has_no_place_for_the_roles_refuses_them_in_one_line")),
     "cluster.data_worker": Decision(
         "the tf.data service's workers, each restarted alone at its address when it dies; "
-        "placed by tfdist launch (local, per host, Slurm) and tfdist export kubernetes",
+        "placed by tfdist launch (every backend, per host) and tfdist export kubernetes",
         checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",
                     "test_data_service.py::test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice",
                     "test_data_service.py::test_per_host_roles_train_through_the_service_and_end_by_themselves")),

@@ -70,12 +70,12 @@ def _check_cluster(config: Config) -> None:
 
 
 def refuse_data_service(config: Config, where: str) -> None:
-  """Refuses a cluster with the tf.data service's roles where they are not placed yet (`where`:
-  "--backend ray", "a TFJob (--kind tfjob)"), in one line naming `cluster.dispatcher`."""
+  """Refuses a cluster with the tf.data service's roles where they cannot be placed (`where`:
+  "a TFJob (--kind tfjob)"), in one line naming `cluster.dispatcher`."""
   if config.cluster.dispatcher:
-    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch (local, per "
-                      f"host with --task, and Slurm) and by tfdist export kubernetes's JobSet "
-                      f"and StatefulSets; {where} does not place them yet",
+    raise ConfigError(f"the tf.data service's roles are launched by tfdist launch (every "
+                      f"backend, and per host with --task) and by tfdist export kubernetes's "
+                      f"JobSet and StatefulSets; {where} has no place for them",
                       key="cluster.dispatcher", source=config.source,
                       received=config.cluster.dispatcher)
 

@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Mapping, Sequence
 
-from tfdist.config import load_config, rules
+from tfdist.config import load_config
 from tfdist.config.loader import parse_task_flag
 from tfdist.config.schema import TaskConfig
 from tfdist.errors import ConfigError
@@ -190,8 +190,6 @@ def _launch(config_path, command, options, environ, plan_only: bool):
   stack = contextlib.ExitStack()
   try:
     loaded = load_config(config_path, environ={})
-    if getattr(backend, "NAME", "local") not in ("local", "slurm"):
-      rules.refuse_data_service(loaded, f"--backend {backend.NAME}")
     found = backend.discover(loaded, options, environ)
     runner = found.runner
     starter = runner or found.starter
