@@ -116,11 +116,11 @@ DECISIONS: dict[str, Decision] = {
         "the tf.data service's dispatcher, started by tfdist launch (tfdist data-service) "
         "outside TF_CONFIG; its address is tfdist.data_service_address(); tfdist.fit and "
         "tfdist.TrainingLoop read the training tf.data.Dataset through it, each epoch one "
-        "pass that every trainer shares",
-        refused={PARAMETER_SERVER: "its workers read on their own schedules, and no shared "
-                 "pass is read through the tf.data service there yet",
-                 SPLIT: "a split model's workers take their slices of each batch themselves"},
+        "pass that every trainer shares (the parameter-server loop: an endless stream of "
+        "shared passes)",
+        refused={SPLIT: "a split model's workers take their slices of each batch themselves"},
         checked_by=("test_data_service.py::test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_workers",
+                    "test_data_service.py::test_parameter_server_workers_share_each_pass_of_the_service",
                     "test_data_service.py::test_the_plan_runs_each_role_and_keeps_them_out_of_tf_config",
                     "test_data_service.py::test_a_tfjob_which_has_no_place_for_the_roles_refuses_them_in_one_line")),
     "cluster.data_worker": Decision(

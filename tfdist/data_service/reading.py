@@ -81,6 +81,41 @@ def served(dataset, *, strategy, service: str, global_batch: int, token: int,
   return strategy.distribute_datasets_from_function(per_trainer)
 
 
+def new_token() -> int:
+  """A random number naming a run's jobs, below 2**24 (exact in a float32 all-reduce)."""
+  import random
+  return random.SystemRandom().randrange(1, 2 ** 24)
+
+
+def endless_passes(dataset, *, service: str, token: int):
+  """`dataset`'s elements read through the tf.data service as one endless stream of passes:
+  pass n is the job every reader shares under one name, each element of it reaching one
+  reader once. For readers that do not step together (a parameter-server cluster's workers,
+  each reading its own stream, which the coordinator rebuilds on each from this graph): each
+  reads every pass to its end before the next, so all of them count passes alike.
+
+  Args:
+    dataset: a `tf.data.Dataset` (its elements are what each step takes).
+    service: the dispatcher, "grpc://host:port".
+    token: a number naming this run's jobs (a restarted run reads new ones).
+
+  Returns:
+    An endless `tf.data.Dataset`.
+  """
+  import tensorflow as tf
+  from tensorflow.python.data.experimental.ops import data_service_ops
+
+  name = f"{JOB_PREFIX}-{token}"
+  dataset_id = tf.data.experimental.service.register_dataset(service, dataset, dataset_id=name)
+
+  def one_pass(number):
+    # As in `served`: the public `from_dataset_id` takes no tensor for the job's name.
+    return data_service_ops._from_dataset_id(
+        "distributed_epoch", service, dataset_id, dataset.element_spec,
+        job_name=tf.strings.join([name, "-pass-", tf.strings.as_string(number)]))
+  return tf.data.Dataset.counter().flat_map(one_pass)
+
+
 _FORGOTTEN = "The dispatcher is not configured to be fault tolerant"
 
 

@@ -65,10 +65,9 @@ def agreed_token(strategy, collective: progress.Collective) -> int:
   Returns:
     An int below 2**24 (exact in the float32 all-reduce).
   """
-  import random
-
   import tensorflow as tf
-  drawn = random.SystemRandom().randrange(1, 2 ** 24)
+  from tfdist.data_service.reading import new_token
+  drawn = new_token()
   if getattr(strategy.extended, "_num_workers", 1) <= 1:  # No public count; one draws.
     return drawn
 

@@ -239,7 +239,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   if run.clock:
     run.clock.time_all_reduce(run.optimizer)
   service = settings.data_service(config)
-  if service:
+  if service and not run.asynchronous:  # The parameter-server loop reads its own way.
     run.train = _served(run, train_data, service)
   else:
     run.train = None if run.asynchronous else data.make_dataset(
@@ -373,7 +373,8 @@ def _fit_on_parameter_servers(run: _Run, train_data, y, validation_data, callbac
       steps_per_execution=run.model.steps_per_execution,
       validation=_validation(validation_data, None, run.validation_batch),
       callbacks=_bracketed(run, callbacks), source=run.config.source,
-      report=tensorboard.scalars_sink(callbacks), **_ps_kwargs(fit_kwargs, run.config))
+      report=tensorboard.scalars_sink(callbacks), service=settings.data_service(run.config),
+      **_ps_kwargs(fit_kwargs, run.config))
   parameter_server.explain_keras_calls(run.model)
   return history
 

@@ -417,8 +417,13 @@ class TrainingLoop:
       self._coordinator = coordinator_recording_progress(self.strategy)
     if id(dataset) not in self._worker_iterators:
       data.require_serializable(dataset, "dataset")
+      stream = dataset.repeat()
+      if self._service:  # Passes every worker shares (`data_service.reading`).
+        from tfdist.data_service import reading
+        stream = reading.endless_passes(dataset, service=self._service,
+                                        token=reading.new_token())
       self._worker_iterators[id(dataset)] = iter(
-          self._coordinator.create_per_worker_dataset(dataset.repeat()))
+          self._coordinator.create_per_worker_dataset(stream))
     iterator = self._worker_iterators[id(dataset)]
     per_call = self._steps_per_call
     counts = [min(per_call, steps - first) for first in range(0, steps, per_call)]

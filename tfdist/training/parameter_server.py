@@ -21,7 +21,8 @@ from tfdist.training import data, keras_fixes
 
 def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
         initial_epoch: int, steps_per_epoch: int | None, steps_per_execution: int,
-        validation, callbacks, verbose="auto", source: str | None = None, report=None):
+        validation, callbacks, verbose="auto", source: str | None = None, report=None,
+        service: str | None = None):
   """Trains `model` (built and compiled in `strategy`'s scope) with a ClusterCoordinator.
 
   Args:
@@ -42,6 +43,9 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
       (steps each worker completed), `epoch_retried_steps` (steps run again after a worker
       failed, counted on the ps) and `epoch_ps_round_trip_ms` (the median of 5 reads of a
       variable on the ps from the chief).
+    service: the tf.data service's dispatcher a `tf.data.Dataset` is read through, as one
+      endless stream of passes every worker shares (`data_service.reading.endless_passes`);
+      None reads it on each worker.
 
   Returns:
     The Keras `History`.
@@ -58,7 +62,7 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
     model._symbolic_build(data_batch=_one_batch(train_data, y, batch_size))
   keras_fixes.count_every_update(model)
   iterator = iter(coordinator.create_per_worker_dataset(
-      _worker_dataset(train_data, y, strategy, batch_size)))
+      _worker_dataset(train_data, y, strategy, batch_size, service)))
   with strategy.scope():  # On a ps: every attempt of a call adds its steps, retries included.
     attempted = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_attempted_steps")
   workers = strategy.extended._num_workers  # No public count; the resolver's is the same.
@@ -262,7 +266,7 @@ def _one_batch(train_data, y, batch_size):
   return next(iter(train_data))
 
 
-def _worker_dataset(train_data, y, strategy, batch_size):
+def _worker_dataset(train_data, y, strategy, batch_size, service: str | None = None):
   """What each worker reads: its own endless stream of batches (a dataset function, or a
   dataset the coordinator rebuilds on each worker; a dataset made on the chief cannot be sent).
 
@@ -276,6 +280,9 @@ def _worker_dataset(train_data, y, strategy, batch_size):
   if isinstance(train_data, tf.data.Dataset):
     data.require_batched_by(train_data, batch_size, "train_data")
     data.require_serializable(train_data, "train_data")
+    if service:  # Made here; the coordinator rebuilds it on each worker from its graph.
+      from tfdist.data_service import reading
+      return reading.endless_passes(train_data, service=service, token=reading.new_token())
     return train_data.repeat()  # The coordinator rebuilds it on each worker from its graph.
   data.require_batch_size(batch_size, "train_data")
   arrays = train_data if y is None else (train_data, y)
