@@ -102,6 +102,20 @@ def test_a_tfjob_which_has_no_place_for_the_roles_refuses_them_in_one_line(tmp_p
       lines[0]
 
 
+def _trained(tmp_path, config_text: str, env=None) -> str:
+  """The output of a whole launch of tests/programs/data_service_fit.py that ended with 0."""
+  (tmp_path / "config.yaml").write_text(config_text)
+  launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
+                          "--", "python", "tests/programs/data_service_fit.py", env=env or {})
+  try:
+    output = finish(launcher, 240, [])
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+  assert launcher.returncode == 0, output[-4000:]
+  return output
+
+
 _SERVED = ("cluster: {worker: 2, dispatcher: 1, data_worker: 2}\n"
            "strategy: multi_worker_mirrored\ntraining: {global_batch_size: 16}\n")
 
@@ -114,16 +128,7 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
   subclasses count each example id over both workers. tfdist.fit's TensorBoard (the loop
   writes none) records the data workers beside each epoch's split, runs compared by it."""
   tensorboard = "" if loop else f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n"
-  (tmp_path / "config.yaml").write_text(_SERVED + tensorboard)
-  launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
-                          "--", "python", "tests/programs/data_service_fit.py",
-                          env={"LOOP": "1"} if loop else {})
-  try:
-    output = finish(launcher, 240, [])
-  finally:
-    if launcher.poll() is None:
-      os.killpg(launcher.pid, signal.SIGKILL)
-  assert launcher.returncode == 0, output[-4000:]
+  output = _trained(tmp_path, _SERVED + tensorboard, env={"LOOP": "1"} if loop else {})
   epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
   assert epochs == [[192, 0, 192]] * 3, epochs
   assert "the dataset's pipeline run by 2 tf.data service data workers" in output, output[-3000:]
@@ -296,18 +301,10 @@ def test_parameter_server_workers_share_each_pass_of_the_service(tmp_path):
   """Under parameter_server the workers read one endless stream of passes, each pass shared:
   an epoch (12 steps of 16, the coordinator's) trains on nearly every example once. Workers
   reading a pass each would train on about half of them twice in every epoch."""
-  (tmp_path / "config.yaml").write_text(
-      "cluster: {chief: 1, worker: 2, ps: 1, dispatcher: 1, data_worker: 1}\n"
-      "strategy: parameter_server\n"
-      "training: {global_batch_size: 16, steps_per_epoch: 12, steps_per_execution: 1}\n")
-  launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
-                          "--", "python", "tests/programs/data_service_fit.py")
-  try:
-    output = finish(launcher, 240, [])
-  finally:
-    if launcher.poll() is None:
-      os.killpg(launcher.pid, signal.SIGKILL)
-  assert launcher.returncode == 0, output[-4000:]
+  output = _trained(tmp_path, "cluster: {chief: 1, worker: 2, ps: 1, dispatcher: 1, "
+                              "data_worker: 1}\nstrategy: parameter_server\ntraining: "
+                              "{global_batch_size: 16, steps_per_epoch: 12, "
+                              "steps_per_execution: 1}\n")
   epochs = json.loads(re.search(r"\[chief-0\] EPOCHS (.*)", output)[1])
   # Measured: [192, 0, 192], [160, 16, 176], [192, 0, 192] (a worker a batch into the next
   # pass while the other still held one of this pass's): at most three batches astray.
