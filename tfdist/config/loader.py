@@ -49,7 +49,6 @@ DATA_SERVICE_ENV = "TFDIST_DATA_SERVICE"
 """A launched task's tf.data service addresses, as JSON ({"dispatcher": [...], "data_worker":
 [...]}): TF_CONFIG leaves these roles out (`tf_config.cluster_spec`)."""
 
-_SECTIONS = SECTIONS
 # Keys TensorFlow's own TF_CONFIG documents carry beside cluster and task.
 _TF_CONFIG_EXTRAS = ("environment", "rpc_layer")
 _BOOLEAN_HINT = ("YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the value")
@@ -306,8 +305,8 @@ def _parse(document: Any, name: str | None) -> Config:
   document = _moved_to_training(_drop_tf_config_extras(document))
   kwargs: dict[str, Any] = {"source": name}
   for key, value in document.items():
-    if key not in _SECTIONS:
-      raise ConfigError(f"unknown section; the sections are: {', '.join(_SECTIONS)}",
+    if key not in SECTIONS:
+      raise ConfigError(f"unknown section; the sections are: {', '.join(SECTIONS)}",
                         key=str(key), received=key)
     if key == "cluster":
       kwargs[key] = parse_cluster(value)
@@ -316,7 +315,7 @@ def _parse(document: Any, name: str | None) -> Config:
     elif key == "strategy":
       kwargs[key] = _parse_strategy(value)
     else:
-      kwargs[key] = build_section(_SECTIONS[key], value, key)
+      kwargs[key] = build_section(SECTIONS[key], value, key)
   if "strategy" not in document:
     kwargs["strategy"] = None  # Inferred from the final cluster by rules.infer_strategy.
   return Config(**kwargs)

@@ -18,8 +18,6 @@ from typing import Iterator
 
 from tfdist.config import honoured, schema, strategies
 
-_SECTIONS = schema.SECTIONS
-
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -88,7 +86,7 @@ def rows() -> Iterator[tuple[str, Row]]:
   for name in strategies.names():
     for key, row in _rows_of(strategies.kind(name).options, "strategy."):
       yield key, dataclasses.replace(row, meaning=f"`{name}`: {row.meaning}")
-  for section, cls in list(_SECTIONS.items())[3:]:
+  for section, cls in list(schema.SECTIONS.items())[3:]:
     yield from _rows_of(cls, f"{section}.")
 
 
@@ -111,7 +109,7 @@ def markdown() -> str:
     head = key.split(".")[0]
     if head != section:
       section = head
-      summary = (inspect.getdoc(_SECTIONS[head]) or "").split("Attributes:")[0].strip()
+      summary = (inspect.getdoc(schema.SECTIONS[head]) or "").split("Attributes:")[0].strip()
       out += ["", f"## `{head}`", "", summary, "",
               "| key | type | default | rule | meaning | what each training path does |",
               "|---|---|---|---|---|---|"]

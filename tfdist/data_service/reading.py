@@ -56,26 +56,18 @@ def served(dataset, *, strategy, service: str, global_batch: int, token: int,
   ```
   """
   import tensorflow as tf
-  from tensorflow.python.data.experimental.ops import data_service_ops
   from tensorflow.python.ops import resource_variable_ops
 
-  pieces = dataset.rebatch(global_batch // strategy.num_replicas_in_sync)
-  name = f"{JOB_PREFIX}-{token}"
-  dataset_id = tf.data.experimental.service.register_dataset(service, pieces, dataset_id=name)
+  one_pass = _passes(dataset.rebatch(global_batch // strategy.num_replicas_in_sync), service,
+                     token, "read")
   with tf.init_scope(), tf.device("/cpu:0"):  # A plain counter, outside any strategy.
     reads = resource_variable_ops.ResourceVariable(0, dtype=tf.int64, trainable=False,
                                                    name="tfdist_data_service_reads")
 
-  def one_pass(_):
-    # The public `from_dataset_id` takes a job name of Python's str only; its own
-    # implementation, called here, takes a tensor (counted when the iterator first reads).
-    return data_service_ops._from_dataset_id(
-        "distributed_epoch", service, dataset_id, pieces.element_spec,
-        job_name=tf.strings.join([name, "-read-", tf.strings.as_string(reads.assign_add(1))]))
-
   def per_trainer(context):
     del context  # Every trainer reads the same jobs; the service splits them.
-    stream = tf.data.Dataset.from_tensors(0).flat_map(one_pass)
+    # Counted when the iterator first reads.
+    stream = tf.data.Dataset.from_tensors(0).flat_map(lambda _: one_pass(reads.assign_add(1)))
     return then(stream) if then else stream
 
   return strategy.distribute_datasets_from_function(per_trainer)
@@ -87,7 +79,7 @@ def new_token() -> int:
   return random.SystemRandom().randrange(1, 2 ** 24)
 
 
-def endless_passes(dataset, *, service: str, token: int):
+def endless_passes(dataset, *, service: str):
   """`dataset`'s elements read through the tf.data service as one endless stream of passes:
   pass n is the job every reader shares under one name, each element of it reaching one
   reader once. For readers that do not step together (a parameter-server cluster's workers,
@@ -96,24 +88,32 @@ def endless_passes(dataset, *, service: str, token: int):
 
   Args:
     dataset: a `tf.data.Dataset` (its elements are what each step takes).
-    service: the dispatcher, "grpc://host:port".
-    token: a number naming this run's jobs (a restarted run reads new ones).
+    service: the dispatcher, "grpc://host:port". Made in one process (the coordinator), the
+      stream's jobs are named by a number drawn here: a restarted run reads new ones.
 
   Returns:
     An endless `tf.data.Dataset`.
   """
   import tensorflow as tf
-  from tensorflow.python.data.experimental.ops import data_service_ops
+  return tf.data.Dataset.counter().flat_map(_passes(dataset, service, new_token(), "pass"))
 
+
+def _passes(dataset, service: str, token: int, kind: str):
+  """`dataset` registered with the service under this run's name; returns a function of a
+  number (a tensor) giving pass `<kind>-<number>` of it: the `distributed_epoch` job every
+  reader of that name shares."""
+  import tensorflow as tf
+  from tensorflow.python.data.experimental.ops import data_service_ops
   name = f"{JOB_PREFIX}-{token}"
   dataset_id = tf.data.experimental.service.register_dataset(service, dataset, dataset_id=name)
 
   def one_pass(number):
-    # As in `served`: the public `from_dataset_id` takes no tensor for the job's name.
+    # The public `from_dataset_id` takes a job name of Python's str only; its own
+    # implementation, called here, takes a tensor.
     return data_service_ops._from_dataset_id(
         "distributed_epoch", service, dataset_id, dataset.element_spec,
-        job_name=tf.strings.join([name, "-pass-", tf.strings.as_string(number)]))
-  return tf.data.Dataset.counter().flat_map(one_pass)
+        job_name=tf.strings.join([name, f"-{kind}-", tf.strings.as_string(number)]))
+  return one_pass
 
 
 _FORGOTTEN = "The dispatcher is not configured to be fault tolerant"
@@ -133,4 +133,3 @@ def dispatcher_restarts_explained():
                       "read (it keeps them in memory only): set data_service.work_dir, a "
                       "directory it can write, and a restarted dispatcher recovers them",
                       key="data_service.work_dir", received=None) from None
-

@@ -3,13 +3,11 @@ cluster (TensorFlow's `DispatchServer` and `WorkerServer`)."""
 
 from __future__ import annotations
 
-import time
-
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.config.schema import DATA_SERVICE_JOBS
 from tfdist.config.tf_config import split_address
 from tfdist.errors import ConfigError
-from tfdist.machine.chief_watch import CHIEF_GONE_SECONDS, ChiefWatch
+from tfdist.machine.chief_watch import CHIEF_GONE_SECONDS, until_chief_gone
 
 WORKER_HEARTBEAT_MS = 1000
 """How often a data worker asks the dispatcher for work (TensorFlow's default, 30 s, leaves a
@@ -99,17 +97,10 @@ def run_data_service_server(config: ConfigLike = None,
   """Runs the config's dispatcher or data worker until the trainers' chief has come and gone
   (unreachable for `chief_gone_seconds` after it was reachable: a launch per host ends there),
   or until the process is stopped (`tfdist launch` stops it when the training ends)."""
-  from tfdist.machine.ports import accepts
   config = as_config(config)
   server = start_data_service_server(config)
   addresses = config.cluster.addresses or {}
   chiefs = addresses.get("chief") or addresses.get("worker")
   if not chiefs:
     server.join()
-  watch = ChiefWatch(chiefs[0], chief_gone_seconds)
-  while True:
-    time.sleep(1.0)
-    why = watch.probed(accepts(watch.chief), stopping=False, now=time.monotonic())
-    if why:
-      print(f"tfdist data-service: {why}", flush=True)
-      return
+  print(f"tfdist data-service: {until_chief_gone(chiefs[0], chief_gone_seconds)}", flush=True)

@@ -1,10 +1,15 @@
 """Whether a server task should stop, from probes of its chief's port: the servers of a
 cluster (a parameter-server cluster's workers and ps, the tf.data service's dispatcher and data
-workers) end once the chief they served has come and gone. Pure."""
+workers) end once the chief they served has come and gone (`ChiefWatch`, pure;
+`until_chief_gone`, its probe loop)."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
+
+from tfdist.machine.ports import accepts
 
 CHIEF_GONE_SECONDS = 30.0
 """A server ends (exit 0) once the chief it served has been unreachable this long: the job is
@@ -45,3 +50,24 @@ class ChiefWatch:
         return (f"the chief at {self.chief} is gone for {self.gone_seconds:g} s: the job is "
                 "done; stopping")
     return None
+
+
+def until_chief_gone(chief: str, gone_seconds: float = CHIEF_GONE_SECONDS,
+                     stopping: threading.Event | None = None) -> str:
+  """Probes `chief`'s port once a second until `ChiefWatch` says to stop; returns why.
+
+  Args:
+    chief: the chief's host:port.
+    gone_seconds: how long the chief may be unreachable, once seen, before the job is done.
+    stopping: set when a preemption notice arrived (then three missed probes in a row end it).
+  """
+  watch = ChiefWatch(chief, gone_seconds)
+  stopping = stopping or threading.Event()
+  while True:
+    if stopping.is_set():
+      time.sleep(1.0)  # A probe a second, as before the notice.
+    else:
+      stopping.wait(1.0)
+    why = watch.probed(accepts(watch.chief), stopping.is_set(), time.monotonic())
+    if why:
+      return why

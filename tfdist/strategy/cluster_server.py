@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 from tfdist.config.tf_config import cluster_spec
 from tfdist.errors import ConfigError
-from tfdist.machine.chief_watch import CHIEF_GONE_SECONDS, ChiefWatch
-from tfdist.machine.ports import accepts
+from tfdist.machine.chief_watch import CHIEF_GONE_SECONDS, until_chief_gone
 from tfdist.strategy.devices import configure_devices
 from tfdist.config.loader import ConfigLike, as_config
 
@@ -87,17 +85,9 @@ def run_cluster_server(config: ConfigLike = None, chief_gone_seconds: float = CH
   chiefs = (config.cluster.addresses or {}).get("chief", ())
   if not chiefs:
     server.join()
-  watch = ChiefWatch(chiefs[0], chief_gone_seconds)
-  stopping = _serve_the_chiefs_save(config, watch.chief)
-  while True:
-    if stopping.is_set():
-      time.sleep(1.0)  # A probe a second, as before the notice.
-    else:
-      stopping.wait(1.0)
-    why = watch.probed(accepts(watch.chief), stopping.is_set(), time.monotonic())
-    if why:
-      print(f"tfdist cluster-server: {why}", flush=True)
-      return
+  why = until_chief_gone(chiefs[0], chief_gone_seconds,
+                         _serve_the_chiefs_save(config, chiefs[0]))
+  print(f"tfdist cluster-server: {why}", flush=True)
 
 
 def _serve_the_chiefs_save(config, chief: str) -> threading.Event:

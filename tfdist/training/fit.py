@@ -16,6 +16,7 @@ from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError, ModelError
 from tfdist.config.loader import ConfigLike, as_config
+from tfdist.data_service import reading
 from tfdist.strategy.factory import make_strategy
 from tfdist.training import settings
 
@@ -268,7 +269,6 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
 def _served(run: _Run, train_data, service: str):
   """The training dataset read through the tf.data service: each epoch one pass shared by
   every trainer (`tfdist.data_service.reading`)."""
-  from tfdist.data_service import reading
   from tfdist.progress import Collective
   from tfdist.training import agreement, data
   data.require_batched(train_data, "train_data")
@@ -279,13 +279,6 @@ def _served(run: _Run, train_data, service: str):
   return reading.served(train_data, strategy=run.strategy, service=service,
                         global_batch=run.global_batch or data.batched_by(train_data),
                         token=token, then=lambda stream: data.counted(stamped(stream)))
-
-
-def _dispatcher_restarts_explained(served: bool):
-  if not served:
-    return contextlib.nullcontext()
-  from tfdist.data_service import reading
-  return reading.dispatcher_restarts_explained()
 
 
 def _require_servable(train_data) -> None:
@@ -400,7 +393,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
         data.empty_batches_explained("train_data"), \
         replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext(), \
         keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext(), \
-        _dispatcher_restarts_explained(run.served):
+        reading.dispatcher_restarts_explained() if run.served else contextlib.nullcontext():
       part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
                        validation_data=validation,
                        callbacks=_bracketed(run, callbacks), shuffle=False,

@@ -54,6 +54,7 @@ from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.errors import ConfigError
 from tfdist.config.loader import ConfigLike, as_config
+from tfdist.data_service import reading
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
 from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
@@ -296,7 +297,9 @@ class TrainingLoop:
       count = count if steps is None else min(count, steps - done)
       progress.begin_call(self._epoch, self._steps_into_epoch)
       try:
-        with replica_math.unscaled_keras_losses(), self._explained():
+        with replica_math.unscaled_keras_losses(), (
+            reading.dispatcher_restarts_explained() if self._service
+            else contextlib.nullcontext()):
           scalars, tensors, ran = call(iterator, tf.constant(count))
       except (StopIteration, tf.errors.OutOfRangeError):
         progress.finish_call(where=_OWN_LOOP)
@@ -312,18 +315,9 @@ class TrainingLoop:
     for metric in self._synced:  # Every worker, in the same order: one all-reduce each.
       metric.freeze()
 
-  def _explained(self):
-    """What a step's error means, said in one line where tfdist knows (the tf.data service's
-    dispatcher that forgot its jobs)."""
-    if not self._service:
-      return contextlib.nullcontext()
-    from tfdist.data_service import reading
-    return reading.dispatcher_restarts_explained()
-
   def _served_pass(self, dataset):
     """`dataset` read through the tf.data service (`tfdist.data_service.reading`): registered
     once, a new pass shared by every worker each time it is iterated."""
-    from tfdist.data_service import reading
     from tfdist.training import agreement
     if id(dataset) not in self._served or self._served[id(dataset)][0] is not dataset:
       token = agreement.agreed_token(self.strategy, progress.Collective.DATA_SERVICE_NAME)
@@ -419,9 +413,7 @@ class TrainingLoop:
       data.require_serializable(dataset, "dataset")
       stream = dataset.repeat()
       if self._service:  # Passes every worker shares (`data_service.reading`).
-        from tfdist.data_service import reading
-        stream = reading.endless_passes(dataset, service=self._service,
-                                        token=reading.new_token())
+        stream = reading.endless_passes(dataset, service=self._service)
       self._worker_iterators[id(dataset)] = iter(
           self._coordinator.create_per_worker_dataset(stream))
     iterator = self._worker_iterators[id(dataset)]
