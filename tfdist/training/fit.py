@@ -276,9 +276,12 @@ def _served(run: _Run, train_data, service: str):
   token = agreement.agreed_token(run.strategy, Collective.DATA_SERVICE_NAME)
   stamped = run.clock.stamped if run.clock else (lambda dataset: dataset)
   run.served = True
+  # The served stream's batches are the replicas' pieces: the global batch is the dataset's
+  # (a model's own train_step weighs each replica's share by it).
+  run.global_batch = run.global_batch or data.batched_by(train_data)
   return reading.served(train_data, strategy=run.strategy, service=service,
-                        global_batch=run.global_batch or data.batched_by(train_data),
-                        token=token, then=lambda stream: data.counted(stamped(stream)))
+                        global_batch=run.global_batch, token=token,
+                        then=lambda stream: data.counted(stamped(stream)))
 
 
 def _require_servable(train_data) -> None:
