@@ -125,10 +125,16 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
     tmp_path, loop):
   """One device reads each of the 192 examples once an epoch (a hand count); two trainers
   reading one pass of the service's each epoch, unequal shares, do too: Keras Metric
-  subclasses count each example id over both workers. tfdist.fit's TensorBoard (the loop
+  subclasses count each example id over both workers. fit's model has its own train_step (as
+  Keras's guide writes one) and the config no global batch: the dataset's is taken. tfdist.fit's TensorBoard (the loop
   writes none) records the data workers beside each epoch's split, runs compared by it."""
   tensorboard = "" if loop else f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n"
-  output = _trained(tmp_path, _SERVED + tensorboard, env={"LOOP": "1"} if loop else {})
+  if loop:
+    output = _trained(tmp_path, _SERVED, env={"LOOP": "1"})
+  else:  # A model's own train_step, the global batch the dataset's (the config gives none).
+    config = _SERVED.replace("training: {global_batch_size: 16}\n", "")
+    output = _trained(tmp_path, config + tensorboard, env={"OWN_STEP": "1"})
+    assert "global batch 16 (8 per replica)" in output, output[-3000:]
   epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
   assert epochs == [[192, 0, 192]] * 3, epochs
   assert "the dataset's pipeline run by 2 tf.data service data workers" in output, output[-3000:]

@@ -28,12 +28,24 @@ def _results(output, prefix=""):
   return found
 
 
+# Plain Keras's evaluate under a one-worker MultiWorkerMirroredStrategy (the tutorial's
+# reference run) segfaults now and then where it drops the iterator its symbolic build drew a
+# batch from (epoch_iterator.py `reset`): 5 of 180 runs on 2 cores, no upstream issue found.
+# tfdist's build reads the element spec and draws no batch (keras_fixes._build).
+_KERAS_ITERATOR_SEGFAULT = ("Fatal Python error: Segmentation fault", "epoch_iterator.py",
+                            "in reset")
+
+
 def _one_device(program, *args):
-  """The program run by plain Python: no launcher, no TF_CONFIG, no tfdist on the path."""
+  """The program run by plain Python: no launcher, no TF_CONFIG, no tfdist on the path; run
+  again (twice at most) only when it died of plain Keras's iterator segfault above."""
   env = {k: v for k, v in ENV.items() if not k.startswith(("TFDIST", "TF_CONFIG"))}
   env["PYTHONPATH"] = str(REPO) if args else ""  # keras_contract imports its own module only.
-  done = subprocess.run([sys.executable, str(PROGRAMS / program), *args], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=240)
+  for _ in range(3):
+    done = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAMS / program), *args],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    if done.returncode != -11 or not all(s in done.stderr for s in _KERAS_ITERATOR_SEGFAULT):
+      break
   assert done.returncode == 0, done.stderr[-3000:]
   return _results(done.stdout)
 
@@ -60,11 +72,12 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   got = _results(output, "[worker-0] ")
   assert got.keys() == want.keys() == {
       "validation_split", "sample_weight", "class_weight", "initial_epoch", "validation_steps",
-      "shuffled_dataset", "keras_methods"}
+      "shuffled_dataset", "keras_methods", "guides_train_step"}
   for case in want:
     _assert_same(got[case], want[case], case)
   # The user's total counts every row once (not once per worker, not one worker's half).
-  assert got["sample_weight"]["history"]["rows_seen"] == [256.0] * 3
+  for case in ("sample_weight", "guides_train_step"):
+    assert got[case]["history"]["rows_seen"] == [256.0] * 3, case
   assert got["initial_epoch"]["epoch"] == [1, 2]
 
 

@@ -175,3 +175,39 @@ def test_tensorflow_41571_keras_cuts_a_longer_epoch_to_the_first_ones_length():
 
 def test_each_epoch_reads_its_own_pass_to_its_end_with_the_fix():
   assert _steps_of_each_epoch(fixed=True) == [2, 3, 4]
+
+
+
+class GuidesOwnStep(keras.Model):
+  """The train_step of Keras's "Customizing what happens in fit()" guide."""
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+
+def test_keras_takes_a_guides_own_train_step_logs_over_its_metrics_read_across_replicas():
+  """Keras reads its metrics at an epoch's end only when the step's logs have their keys; the
+  guide's step nests the compiled ones, so Keras keeps the step's logs: under replicas, their
+  mean of each replica's own partial result. tests/test_keras_contract.py's `guides_train_step`
+  case checks the fix against one device."""
+  from tfdist.training import keras_fixes
+  inputs = keras.Input((4,))
+  model = GuidesOwnStep(inputs, keras.layers.Dense(1)(inputs))
+  model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+  x = tf.ones((8, 4))
+  model.fit(x, x[:, :1], verbose=0)
+  logs = model.train_step((x, x[:, :1]))
+  assert set(logs) == {"loss", "compile_metrics"}, logs
+  assert keras.Model._get_metrics_result_or_logs(model, logs) is logs, \
+      "Keras reads a guide's train_step's metrics itself: drop keras_fixes._synced_metrics_or_logs"
+  assert set(keras_fixes._synced_metrics_or_logs(model, logs)) == {"loss", "mae"}

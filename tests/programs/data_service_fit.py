@@ -1,6 +1,8 @@
 """A training script as Keras's guides write it, its tf.data pipeline (a map of a few ms an
 example) run by the launch's tf.data service: `tfdist.fit`, or `tfdist.TrainingLoop` with
-LOOP=1. With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits 3 s
+LOOP=1; with OWN_STEP=1 a model subclass with its own `train_step`, as Keras's "Customizing
+what happens in fit()" guide writes it (the global batch then the dataset's: 16 when the config
+gives none). With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits 3 s
 (a test kills a data worker then). Each example's target is its id; Keras Metric subclasses count how many times each id
 was trained on in the epoch, over every worker. The chief prints `EPOCHS <json>`: per epoch,
 [ids trained on once, ids trained on more than once, ids trained on]."""
@@ -68,7 +70,28 @@ def dataset(batch):
   return tf.data.Dataset.from_tensor_slices((features, ids)).map(slow).batch(batch)
 
 
+class OwnStep(keras.Model):
+  """Keras's guide's custom `train_step`: the loss and every metric updated by hand."""
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(gradients, self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+
 def model():
+  if os.environ.get("OWN_STEP"):
+    inputs = keras.Input((4,))
+    return OwnStep(inputs, keras.layers.Dense(1)(inputs))
   return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 
 
@@ -83,7 +106,7 @@ class Midway(keras.callbacks.Callback):
 
 
 def with_fit(config):
-  history = tfdist.fit(model, dataset(config.training.global_batch_size), config=config,
+  history = tfdist.fit(model, dataset(config.training.global_batch_size or 16), config=config,
                        compile=lambda: dict(optimizer=keras.optimizers.SGD(1e-6), loss="mse",
                                             metrics=[Once(), Again(), Seen()]),
                        epochs=EPOCHS, verbose=0,

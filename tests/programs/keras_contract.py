@@ -1,6 +1,7 @@
 """What a Keras user brings, as a script: Keras's everyday fit arguments, a Metric subclass of
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
-returns, and a seeded dataset shuffle. `python keras_contract.py plain` trains with plain Keras
+returns, a seeded dataset shuffle, and a model with its own `train_step` as Keras's
+"Customizing what happens in fit()" guide writes it. `python keras_contract.py plain` trains with plain Keras
 on one device (no tfdist); `python keras_contract.py tfdist` with `tfdist.fit` under the
 launched config. Each prints one `RESULT <case> <json>` line per case (the chief's, or each
 task's alike)."""
@@ -24,11 +25,34 @@ Y = (X[:, :4].sum(axis=1) > 0).astype("float32")[:, None]
 W = rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
 
 
-def make_model():
+class GuidesOwnStep(keras.Model):
+  """The guide's train_step: the loss and every metric updated by hand, their results returned
+  (the compiled ones nested under "compile_metrics")."""
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(gradients, self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+
+def make_model(own_step=False):
   init = keras.initializers.GlorotUniform(seed=3)
-  model = keras.Sequential([
-      keras.Input((8,)), keras.layers.Dense(16, "relu", kernel_initializer=init),
-      keras.layers.Dense(1, kernel_initializer=init)])
+  layers = [keras.layers.Dense(16, "relu", kernel_initializer=init),
+            keras.layers.Dense(1, kernel_initializer=init)]
+  if own_step:
+    inputs = keras.Input((8,))
+    model = GuidesOwnStep(inputs, layers[1](layers[0](inputs)))
+  else:
+    model = keras.Sequential([keras.Input((8,)), *layers])
   model.compile(optimizer=keras.optimizers.SGD(0.05),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True),
                 metrics=[keras.metrics.BinaryAccuracy(threshold=0.0), RowsSeen(), MeanMargin(),
@@ -62,6 +86,9 @@ def plain():
     model = make_model()
     report(case, model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                            **kwargs), model)
+  model = make_model(own_step=True)
+  report("guides_train_step", model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                                        verbose=0), model)
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
   print("RESULT keras_methods", json.dumps({
@@ -75,6 +102,9 @@ def distributed():
     history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                          verbose=0, **kwargs)
     report(case, history, history.model)
+  history = tfdist.fit(lambda: make_model(own_step=True), X, Y, batch_size=BATCH,
+                       epochs=EPOCHS, shuffle=False, verbose=0)
+  report("guides_train_step", history, history.model)
   history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
   report("shuffled_dataset", history, history.model)
   model = history.model  # Keras's own methods on it.
