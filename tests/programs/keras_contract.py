@@ -1,10 +1,10 @@
 """What a Keras user brings, as a script: Keras's everyday fit arguments, a Metric subclass of
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
-returns, a seeded dataset shuffle, and a model with its own `train_step` as Keras's
-"Customizing what happens in fit()" guide writes it. `python keras_contract.py plain` trains with plain Keras
-on one device (no tfdist); `python keras_contract.py tfdist` with `tfdist.fit` under the
-launched config. Each prints one `RESULT <case> <json>` line per case (the chief's, or each
-task's alike)."""
+returns, a seeded dataset shuffle, and a model with its own `train_step` and `test_step` as
+Keras's "Customizing what happens in fit()" guide writes them. `python keras_contract.py plain`
+trains with plain Keras on one device (no tfdist); `python keras_contract.py tfdist` with
+`tfdist.fit` under the launched config. Each prints one `RESULT <case> <json>` line per case
+(the chief's, or each task's alike)."""
 
 import json
 import sys
@@ -26,8 +26,8 @@ W = rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
 
 
 class GuidesOwnStep(keras.Model):
-  """The guide's train_step: the loss and every metric updated by hand, their results returned
-  (the compiled ones nested under "compile_metrics")."""
+  """The guide's train_step and test_step: the loss and every metric updated by hand, their
+  results returned (the compiled ones nested under "compile_metrics")."""
 
   def train_step(self, data):
     x, y = data
@@ -36,6 +36,17 @@ class GuidesOwnStep(keras.Model):
       loss = self.compute_loss(y=y, y_pred=y_pred)
     gradients = tape.gradient(loss, self.trainable_variables)
     self.optimizer.apply(gradients, self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+  def test_step(self, data):
+    x, y = data
+    y_pred = self(x, training=False)
+    loss = self.compute_loss(y=y, y_pred=y_pred)
     for metric in self.metrics:
       if metric.name == "loss":
         metric.update_state(loss)
@@ -74,10 +85,14 @@ def shuffled():
   return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(ROWS, seed=9).batch(BATCH)
 
 
-def report(case, history, model):
+def report(case, history, model, **more):
   print("RESULT", case, json.dumps({
       "history": history.history, "epoch": history.epoch,
-      "weights": [w.tolist() for w in model.get_weights()]}), flush=True)
+      "weights": [w.tolist() for w in model.get_weights()], **more}), flush=True)
+
+
+GUIDES = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              validation_data=(X[:96], Y[:96]))
 
 
 def plain():
@@ -87,8 +102,9 @@ def plain():
     report(case, model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                            **kwargs), model)
   model = make_model(own_step=True)
-  report("guides_train_step", model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
-                                        verbose=0), model)
+  history = model.fit(X, Y, **GUIDES)
+  report("guides_train_step", history, model,
+         evaluate=model.evaluate(X, Y, batch_size=BATCH, verbose=0))
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
   print("RESULT keras_methods", json.dumps({
@@ -102,9 +118,9 @@ def distributed():
     history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                          verbose=0, **kwargs)
     report(case, history, history.model)
-  history = tfdist.fit(lambda: make_model(own_step=True), X, Y, batch_size=BATCH,
-                       epochs=EPOCHS, shuffle=False, verbose=0)
-  report("guides_train_step", history, history.model)
+  history = tfdist.fit(lambda: make_model(own_step=True), X, Y, **GUIDES)
+  report("guides_train_step", history, history.model,
+         evaluate=history.model.evaluate(X, Y, batch_size=BATCH, verbose=0))
   history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
   report("shuffled_dataset", history, history.model)
   model = history.model  # Keras's own methods on it.

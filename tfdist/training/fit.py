@@ -599,7 +599,7 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
   dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
                               sample_weight=sample_weight)
   with keras_fixes.fixed_for(model, strategy, test_steps=evaluate_kwargs.get("steps")), \
-      _calls_within(model, dataset):
+      keras_fixes.own_test_step_losses(model, strategy), _calls_within(model, dataset):
     return model.evaluate(dataset, **evaluate_kwargs)
 
 

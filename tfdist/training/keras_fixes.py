@@ -105,9 +105,25 @@ def _with_fixes(method):
       steps, test_steps = given.get("steps_per_epoch"), given.get("validation_steps")
     else:
       steps, test_steps = None, given.get("steps")
-    with fixed_for(model, strategy, steps, test_steps=test_steps):
+    with fixed_for(model, strategy, steps, test_steps=test_steps), \
+        own_test_step_losses(model, strategy) if method.__name__ == "evaluate" \
+        else contextlib.nullcontext():
       return method(model, *args, **kwargs)
   return call
+
+
+def own_test_step_losses(model, strategy):
+  """Around an evaluate: a model's own `test_step` sees each replica's own mean loss, as on one
+  device. Keras's `compute_loss` divides it by the replica count for gradients' sake, and a
+  step that updates the loss metric with it, as Keras's guide writes, reported 1/N of the
+  loss; Keras's own step unscales it itself. (Not for the validation inside Keras's own fit of
+  such a model: tfdist.fit keeps one device's arithmetic through the whole fit.)"""
+  from tfdist.training import replica_math
+  own = "test_step" in vars(model) or \
+      type(model).test_step is not tf_trainer.TensorFlowTrainer.test_step
+  if own and strategy.num_replicas_in_sync > 1:
+    return replica_math.unscaled_keras_losses()
+  return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -192,14 +208,18 @@ def _synced_metrics_or_logs(model, logs):
   returning `{m.name: m.result() for m in self.metrics}` (compiled metrics nested under
   "compile_metrics"), never matches, and its epoch reports the replicas' mean of each one's own
   partial result (a count of rows is 1/N of the truth across workers). No upstream issue
-  found; tests/test_keras_fixes.py fails once Keras reads them itself."""
+  found; tests/test_keras_fixes.py fails once Keras reads them itself. Read now, as the step's
+  logs were: a metric whose `result()` is its variable would otherwise show, once the epoch's
+  validation reset it, the validation's value (as Keras's own matching logs do)."""
   metric_logs = model.get_metrics_result()
   if isinstance(logs, dict):
+    if set(logs) == set(metric_logs):
+      return metric_logs
     flat = {}
     for key, value in logs.items():
       flat.update(value if isinstance(value, dict) else {key: value})
     if set(flat) == set(metric_logs):
-      return metric_logs
+      return {key: tf.convert_to_tensor(value) for key, value in metric_logs.items()}
   return logs
 
 
