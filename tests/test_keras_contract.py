@@ -56,7 +56,7 @@ def _assert_same(got, want, case):
     for key, values in want["history"].items():
       np.testing.assert_allclose(got["history"][key], values, atol=TOLERANCE,
                                  err_msg=f"{case} {key}")
-  for key in ("evaluate", "predict"):
+  for key in ("evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"):
     if key in want:
       np.testing.assert_allclose(got[key], want[key], atol=TOLERANCE, err_msg=f"{case} {key}")
   for g, w in zip(got.get("weights", []), want.get("weights", []), strict=True):
@@ -78,6 +78,9 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   # The user's total counts every row once (not once per worker, not one worker's half).
   for case in ("sample_weight", "guides_train_step"):
     assert got[case]["history"]["rows_seen"] == [256.0] * 3, case
+  # Keras's *_on_batch: a batch's rows counted once, each row predicted once.
+  assert 32.0 in got["keras_methods"]["train_on_batch"], got["keras_methods"]
+  assert len(got["keras_methods"]["predict_on_batch"]) == 32
   assert got["initial_epoch"]["epoch"] == [1, 2]
 
 

@@ -107,9 +107,7 @@ def plain():
          evaluate=model.evaluate(X, Y, batch_size=BATCH, verbose=0))
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
-  print("RESULT keras_methods", json.dumps({
-      "evaluate": model.evaluate(X, Y, batch_size=BATCH, verbose=0),
-      "predict": model.predict(X, batch_size=BATCH, verbose=0).tolist()}), flush=True)
+  keras_methods(model)
 
 
 def distributed():
@@ -123,10 +121,17 @@ def distributed():
          evaluate=history.model.evaluate(X, Y, batch_size=BATCH, verbose=0))
   history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
   report("shuffled_dataset", history, history.model)
-  model = history.model  # Keras's own methods on it.
+  keras_methods(history.model)  # Keras's own methods on it.
+
+
+def keras_methods(model):
+  """Keras's evaluate, predict and its *_on_batch methods (a batch of BATCH rows)."""
   print("RESULT keras_methods", json.dumps({
       "evaluate": model.evaluate(X, Y, batch_size=BATCH, verbose=0),
-      "predict": model.predict(X, batch_size=BATCH, verbose=0).tolist()}), flush=True)
+      "predict": model.predict(X, batch_size=BATCH, verbose=0).tolist(),
+      "train_on_batch": model.train_on_batch(X[:BATCH], Y[:BATCH], sample_weight=W[:BATCH]),
+      "test_on_batch": model.test_on_batch(X[BATCH:2 * BATCH], Y[BATCH:2 * BATCH]),
+      "predict_on_batch": model.predict_on_batch(X[:BATCH]).tolist()}), flush=True)
 
 
 if __name__ == "__main__":
