@@ -10,9 +10,14 @@ Bytes each replica sends per step, from the ring model: unsharded, an all-reduce
 gradients, 2(N-1)/N x G; stage 1, that plus an all-gather of the weights, (N-1)/N x W; stage 2,
 a reduce-scatter, (N-1)/N x G, plus the all-gather.
 
-  python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4]
+With `--peak` (processes only, TensorFlow's CPU allocator with statistics, BFC): each
+worker's allocator peak over its whole fit, the most of any worker: what a replica's memory
+must hold at once, weights, optimizer state and the step's gradients and buffers together.
+
+  python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak]
 """
 
+import re
 import statistics
 
 from absl import app, flags
@@ -20,6 +25,7 @@ from absl import app, flags
 from benchmarks.bench_scaling import GRADIENT_BYTES, TRAINING, cluster, run, training, value
 
 flags.DEFINE_list("replicas", ["2", "3", "4"], "Replica counts.")
+flags.DEFINE_bool("peak", False, "Measure each worker process's allocator peak instead.")
 FLAGS = flags.FLAGS  # --rounds: bench_scaling's flag (interleaved runs of each setup).
 STAGES = {"unsharded": {}, "stage 1": {"shard_optimizer": "true"},
           "stage 2": {"shard_optimizer": "true", "shard_gradients": "true"}}
@@ -31,8 +37,29 @@ def sent(stage: str, n: int) -> float:
           "stage 2": 2 * gradients}[stage]
 
 
+def peaks(n: int) -> list[str]:
+  """Rows of each stage's allocator peak, the most of any of `n` worker processes."""
+  import os
+  rows = []
+  os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+  for stage, settings in STAGES.items():
+    found = []
+    for _ in range(FLAGS.rounds):
+      output = run(cluster(n) + training(TRAINING, **settings), "train", n)
+      found.append(max(int(v) for v in re.findall(r"PEAK_BYTES (\d+)", output)))
+    rows.append(f"| {n} | {stage} | {statistics.median(found) / 2**20:.2f} MiB "
+                f"({', '.join(f'{f / 2**20:.2f}' for f in found)}) |")
+  return rows
+
+
 def main(argv):
   del argv
+  if FLAGS.peak:
+    print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
+          f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32)\n")
+    print("| N | setup | allocator peak of a worker (runs) |\n|---|---|---|")
+    print("\n".join(row for n in FLAGS.replicas for row in peaks(int(n))))
+    return
   rows = []
   for n in (int(r) for r in FLAGS.replicas):
     for where in ("logical CPUs", "processes"):

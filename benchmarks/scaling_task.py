@@ -4,7 +4,8 @@ its threads; BENCH_ALL_CORES=1: not pinned). Modes:
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
              `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x`, `LOSSES <one per epoch>` and
              `OPTIMIZER_BYTES x` (the bytes a replica holds beyond the weights, from every
-             variable of the process)
+             variable of the process); with TF_CPU_ALLOCATOR_USE_BFC=true also `PEAK_BYTES x`
+             (TensorFlow's CPU allocator's peak over the whole fit, this process)
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
 
@@ -38,7 +39,15 @@ def train(config):
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
   return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
           "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses),
-          f"OPTIMIZER_BYTES {held_bytes(history.model)}"]
+          f"OPTIMIZER_BYTES {held_bytes(history.model)}"] + peak_bytes()
+
+
+def peak_bytes() -> list[str]:
+  """`PEAK_BYTES x` when the CPU allocator keeps statistics (TF_CPU_ALLOCATOR_USE_BFC=true)."""
+  if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
+    return []
+  import tensorflow as tf
+  return [f"PEAK_BYTES {tf.config.experimental.get_memory_info('CPU:0')['peak']}"]
 
 
 def held_bytes(model) -> int:
@@ -73,7 +82,9 @@ def allreduce(config):
 def main():
   config = tfdist.load_config()
   lines = {"train": train, "allreduce": allreduce}[sys.argv[1]](config)
-  if INDEX == 0:
+  if INDEX != 0:  # Every worker's allocator peak; the rest from worker 0.
+    lines = [line for line in lines if line.startswith("PEAK_BYTES")]
+  if lines:
     print("\n".join(lines), flush=True)
   os._exit(0)  # Skip TensorFlow's slow teardown of the cluster's channels.
 
