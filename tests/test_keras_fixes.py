@@ -12,6 +12,7 @@ import tfdist
 from tfdist.testing.local_cluster import run_everywhere
 from tfdist.training.keras_fixes import without_fixes
 from tests.conftest import PROGRAMS, REPO
+from tests.programs.user_models import GuidesOwnStep
 
 
 @pytest.mark.usefixtures("two_cpus")
@@ -176,23 +177,6 @@ def test_tensorflow_41571_keras_cuts_a_longer_epoch_to_the_first_ones_length():
 def test_each_epoch_reads_its_own_pass_to_its_end_with_the_fix():
   assert _steps_of_each_epoch(fixed=True) == [2, 3, 4]
 
-
-
-class GuidesOwnStep(keras.Model):
-  """The train_step of Keras's "Customizing what happens in fit()" guide."""
-
-  def train_step(self, data):
-    x, y = data
-    with tf.GradientTape() as tape:
-      y_pred = self(x, training=True)
-      loss = self.compute_loss(y=y, y_pred=y_pred)
-    self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
-    for metric in self.metrics:
-      if metric.name == "loss":
-        metric.update_state(loss)
-      else:
-        metric.update_state(y, y_pred)
-    return {m.name: m.result() for m in self.metrics}
 
 
 def test_keras_takes_a_guides_own_train_step_logs_over_its_metrics_read_across_replicas():

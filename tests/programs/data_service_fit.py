@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
+from tests.programs.user_models import GuidesOwnStep
 
 ROWS, EPOCHS = 192, 3
 
@@ -70,28 +71,10 @@ def dataset(batch):
   return tf.data.Dataset.from_tensor_slices((features, ids)).map(slow).batch(batch)
 
 
-class OwnStep(keras.Model):
-  """Keras's guide's custom `train_step`: the loss and every metric updated by hand."""
-
-  def train_step(self, data):
-    x, y = data
-    with tf.GradientTape() as tape:
-      y_pred = self(x, training=True)
-      loss = self.compute_loss(y=y, y_pred=y_pred)
-    gradients = tape.gradient(loss, self.trainable_variables)
-    self.optimizer.apply(gradients, self.trainable_variables)
-    for metric in self.metrics:
-      if metric.name == "loss":
-        metric.update_state(loss)
-      else:
-        metric.update_state(y, y_pred)
-    return {m.name: m.result() for m in self.metrics}
-
-
 def model():
   if os.environ.get("OWN_STEP"):
     inputs = keras.Input((4,))
-    return OwnStep(inputs, keras.layers.Dense(1)(inputs))
+    return GuidesOwnStep(inputs, keras.layers.Dense(1)(inputs))
   return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 
 

@@ -17,42 +17,13 @@ import keras
 import tensorflow as tf
 
 from tests.programs.user_metrics import MeanMargin, RowsSeen
+from tests.programs.user_models import GuidesOwnStep
 
 ROWS, BATCH, EPOCHS = 256, 32, 3
 rng = np.random.default_rng(5)
 X = rng.normal(size=(ROWS, 8)).astype("float32")
 Y = (X[:, :4].sum(axis=1) > 0).astype("float32")[:, None]
 W = rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
-
-
-class GuidesOwnStep(keras.Model):
-  """The guide's train_step and test_step: the loss and every metric updated by hand, their
-  results returned (the compiled ones nested under "compile_metrics")."""
-
-  def train_step(self, data):
-    x, y = data
-    with tf.GradientTape() as tape:
-      y_pred = self(x, training=True)
-      loss = self.compute_loss(y=y, y_pred=y_pred)
-    gradients = tape.gradient(loss, self.trainable_variables)
-    self.optimizer.apply(gradients, self.trainable_variables)
-    for metric in self.metrics:
-      if metric.name == "loss":
-        metric.update_state(loss)
-      else:
-        metric.update_state(y, y_pred)
-    return {m.name: m.result() for m in self.metrics}
-
-  def test_step(self, data):
-    x, y = data
-    y_pred = self(x, training=False)
-    loss = self.compute_loss(y=y, y_pred=y_pred)
-    for metric in self.metrics:
-      if metric.name == "loss":
-        metric.update_state(loss)
-      else:
-        metric.update_state(y, y_pred)
-    return {m.name: m.result() for m in self.metrics}
 
 
 def make_model(own_step=False):
