@@ -72,7 +72,7 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   got = _results(output, "[worker-0] ")
   assert got.keys() == want.keys() == {
       "validation_split", "sample_weight", "class_weight", "initial_epoch", "validation_steps",
-      "shuffled_dataset", "keras_methods", "guides_train_step"}
+      "shuffled_dataset", "keras_methods", "guides_train_step", "several_inputs"}
   for case in want:
     _assert_same(got[case], want[case], case)
   # The user's total counts every row once (not once per worker, not one worker's half).

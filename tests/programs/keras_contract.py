@@ -1,10 +1,10 @@
 """What a Keras user brings, as a script: Keras's everyday fit arguments, a Metric subclass of
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
-returns, a seeded dataset shuffle, and a model with its own `train_step` and `test_step` as
-Keras's "Customizing what happens in fit()" guide writes them. `python keras_contract.py plain`
-trains with plain Keras on one device (no tfdist); `python keras_contract.py tfdist` with
-`tfdist.fit` under the launched config. Each prints one `RESULT <case> <json>` line per case
-(the chief's, or each task's alike)."""
+returns, a seeded dataset shuffle, a model of two inputs given as a list, and a model with its
+own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" guide writes
+them. `python keras_contract.py plain` trains with plain Keras on one device (no tfdist);
+`python keras_contract.py tfdist` with `tfdist.fit` under the launched config. Each prints one
+`RESULT <case> <json>` line per case (the chief's, or each task's alike)."""
 
 import json
 import sys
@@ -24,6 +24,32 @@ rng = np.random.default_rng(5)
 X = rng.normal(size=(ROWS, 8)).astype("float32")
 Y = (X[:, :4].sum(axis=1) > 0).astype("float32")[:, None]
 W = rng.uniform(0.2, 2.0, size=ROWS).astype("float32")
+
+
+def make_two_inputs():
+  """The model over two inputs of 4 features each, given as a list `[x1, x2]` as Keras's
+  functional guide passes several inputs."""
+  init = keras.initializers.GlorotUniform(seed=3)
+  first, second = keras.Input((4,)), keras.Input((4,))
+  joined = keras.layers.Concatenate()([first, second])
+  hidden = keras.layers.Dense(16, "relu", kernel_initializer=init)(joined)
+  model = keras.Model([first, second], keras.layers.Dense(1, kernel_initializer=init)(hidden))
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                metrics=[keras.metrics.BinaryAccuracy(threshold=0.0), RowsSeen()])
+  return model
+
+
+TWO = [X[:, :4], X[:, 4:]]
+TWO_FIT = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_split=0.25)
+
+
+def report_two_inputs(history, model):
+  report("several_inputs", history, model,
+         evaluate=model.evaluate(TWO, Y, batch_size=BATCH, verbose=0),
+         predict=model.predict(TWO, batch_size=BATCH, verbose=0).tolist(),
+         train_on_batch=model.train_on_batch([t[:BATCH] for t in TWO], Y[:BATCH]),
+         predict_on_batch=model.predict_on_batch([t[:BATCH] for t in TWO]).tolist())
 
 
 def make_model(own_step=False):
@@ -72,6 +98,8 @@ def plain():
     model = make_model()
     report(case, model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                            **kwargs), model)
+  model = make_two_inputs()
+  report_two_inputs(model.fit(TWO, Y, **TWO_FIT), model)
   model = make_model(own_step=True)
   history = model.fit(X, Y, **GUIDES)
   report("guides_train_step", history, model,
@@ -87,6 +115,8 @@ def distributed():
     history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                          verbose=0, **kwargs)
     report(case, history, history.model)
+  history = tfdist.fit(make_two_inputs, TWO, Y, **TWO_FIT)
+  report_two_inputs(history, history.model)
   history = tfdist.fit(lambda: make_model(own_step=True), X, Y, **GUIDES)
   report("guides_train_step", history, history.model,
          evaluate=history.model.evaluate(X, Y, batch_size=BATCH, verbose=0))

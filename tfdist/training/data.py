@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -102,6 +103,9 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
   if is_arrays(x):
     require_batch_size(batch_size, name)
     arrays = x if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
+    # A model's several inputs as a list ([x1, x2]) are a structure, as in Keras's adapters:
+    # tf.data would stack a list into one tensor.
+    arrays = keras.tree.lists_to_tuples(arrays)
     arrays = _without_empty_replica_batches(arrays, batch_size, _replicas(strategy), name)
     if shuffle:
       dataset = _shuffled_epochs(arrays, batch_size, _DEFAULT_SHUFFLE_SEED if seed is None

@@ -133,9 +133,11 @@ def _one_batch_distributed(model, strategy, method: str):
   made = getattr(model, attribute)
 
   def fed(batches):
+    from keras.src import tree
     element = tuple(next(iter(batches)))
     while element[-1] is None:  # Keras's (x, y, sample_weight) without the ones not given.
       element = element[:-1]
+    element = tree.lists_to_tuples(element)  # A list of inputs is a structure, not a tensor.
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     batch = tf.data.Dataset.from_tensors(element).with_options(options)
