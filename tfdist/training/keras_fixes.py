@@ -133,11 +133,10 @@ def _one_batch_distributed(model, strategy, method: str):
   made = getattr(model, attribute)
 
   def fed(batches):
-    from keras.src import tree
     element = tuple(next(iter(batches)))
     while element[-1] is None:  # Keras's (x, y, sample_weight) without the ones not given.
       element = element[:-1]
-    element = tree.lists_to_tuples(element)  # A list of inputs is a structure, not a tensor.
+    element = keras.tree.lists_to_tuples(element)  # A list of inputs is a structure.
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     batch = tf.data.Dataset.from_tensors(element).with_options(options)
@@ -159,7 +158,21 @@ def own_test_step_losses(model, strategy):
   device. Keras's `compute_loss` divides it by the replica count for gradients' sake, and a
   step that updates the loss metric with it, as Keras's guide writes, reported 1/N of the
   loss; Keras's own step unscales it itself. (Not for the validation inside Keras's own fit of
-  such a model: tfdist.fit keeps one device's arithmetic through the whole fit.)"""
+  such a model: tfdist.fit keeps one device's arithmetic through the whole fit.)
+
+  Args:
+    model: the model about to be evaluated.
+    strategy: its strategy.
+
+  Returns:
+    A context manager: `replica_math.unscaled_keras_losses()` for a model with its own
+    `test_step` over several replicas, else one that does nothing.
+
+  ```python
+  with keras_fixes.own_test_step_losses(model, model.distribute_strategy):
+    model.evaluate(dataset)
+  ```
+  """
   from tfdist.training import replica_math
   own = "test_step" in vars(model) or \
       type(model).test_step is not tf_trainer.TensorFlowTrainer.test_step
