@@ -17,6 +17,7 @@ must hold at once, weights, optimizer state and the step's gradients and buffers
   python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak]
 """
 
+import os
 import re
 import statistics
 
@@ -39,7 +40,6 @@ def sent(stage: str, n: int) -> float:
 
 def peaks(n: int) -> list[str]:
   """Rows of each stage's allocator peak, the most of any of `n` worker processes."""
-  import os
   rows = []
   os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
   for stage, settings in STAGES.items():

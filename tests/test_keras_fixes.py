@@ -178,7 +178,6 @@ def test_each_epoch_reads_its_own_pass_to_its_end_with_the_fix():
   assert _steps_of_each_epoch(fixed=True) == [2, 3, 4]
 
 
-
 def test_keras_takes_a_guides_own_train_step_logs_over_its_metrics_read_across_replicas():
   """Keras reads its metrics at an epoch's end only when the step's logs have their keys; the
   guide's step nests the compiled ones, so Keras keeps the step's logs: under replicas, their

@@ -2,10 +2,11 @@
 example) run by the launch's tf.data service: `tfdist.fit`, or `tfdist.TrainingLoop` with
 LOOP=1; with OWN_STEP=1 a model subclass with its own `train_step`, as Keras's "Customizing
 what happens in fit()" guide writes it (the global batch then the dataset's: 16 when the config
-gives none). With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits 3 s
-(a test kills a data worker then). Each example's target is its id; Keras Metric subclasses count how many times each id
-was trained on in the epoch, over every worker. The chief prints `EPOCHS <json>`: per epoch,
-[ids trained on once, ids trained on more than once, ids trained on]."""
+gives none). With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits
+3 s (a test kills a data worker then). Each example's target is its id; Keras Metric subclasses
+count how many times each id was trained on in the epoch, over every worker. The chief prints
+`EPOCHS <json>`: per epoch, [ids trained on once, ids trained on more than once, ids trained
+on]."""
 
 import json
 import os

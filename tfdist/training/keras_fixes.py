@@ -174,9 +174,7 @@ def own_test_step_losses(model, strategy):
   ```
   """
   from tfdist.training import replica_math
-  own = "test_step" in vars(model) or \
-      type(model).test_step is not tf_trainer.TensorFlowTrainer.test_step
-  if own and strategy.num_replicas_in_sync > 1:
+  if not keras_train_step(model, "test_step") and strategy.num_replicas_in_sync > 1:
     return replica_math.unscaled_keras_losses()
   return contextlib.nullcontext()
 
@@ -407,10 +405,11 @@ def local_accumulation(model, strategy) -> bool:
       not hasattr(model.optimizer, "inner_optimizer")
 
 
-def keras_train_step(model) -> bool:
-  """Whether `model` trains with Keras's own `train_step` (not a subclass's or an instance's)."""
-  return "train_step" not in vars(model) and \
-      type(model).train_step is tf_trainer.TensorFlowTrainer.train_step
+def keras_train_step(model, step: str = "train_step") -> bool:
+  """Whether `model` runs Keras's own `step` ("train_step", or "test_step"), not a subclass's or
+  an instance's."""
+  return step not in vars(model) and \
+      getattr(type(model), step) is getattr(tf_trainer.TensorFlowTrainer, step)
 
 
 def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, clock=None,
