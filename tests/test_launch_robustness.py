@@ -201,6 +201,29 @@ def test_tensorflow_holds_the_gil_while_a_strategy_connects():
   assert silent, f"{after.count('TICK')} ticks in 120 s and never 10 s without: the GIL is free"
 
 
+def test_a_task_waiting_in_the_exit_barrier_longer_than_the_heartbeat_timeout_is_not_named(
+    write_config, tmp_path):
+  """worker-0 works 12 s past worker-1's end (as a chief saving a model): worker-1 waits in
+  tfdist's exit barrier, where TensorFlow holds the GIL, so its heartbeat stops. The launcher
+  reads the wait the beat declared, not a frozen task (before: "worker-1 stopped making
+  progress (no heartbeat for 4 s)", the run failed; a suite's loaded run named a task so after
+  60 s). The detector half: worker-1's ticking thread prints nothing inside the wait; when it
+  does, TensorFlow releases the GIL there and `progress.HOLDS_THE_GIL` can lose the barrier."""
+  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+  launcher = start_launch(str(path), "--heartbeat-timeout", "4", "--grace-period", "2",
+                          "--logs", str(tmp_path / "logs"), "--", sys.executable,
+                          str(PROGRAMS / "gil_at_exit.py"))
+  output = finish(launcher, 120, [])
+  assert launcher.returncode == 0, output[-3000:]
+  assert "stopped making progress" not in output, output[-3000:]
+  log = (tmp_path / "logs" / "worker-1.log").read_text()
+  waiting = float(re.search(r"WAITING ([\d.]+)", log)[1])
+  ticks = [float(t) for t in re.findall(r"TICK ([\d.]+)", log)]
+  # The wait lasts about 12 s (worker-0's sleep, from its own start); 5 s of it are enough.
+  inside = [t for t in ticks if waiting + 1 < t < waiting + 6]
+  assert not inside, f"{len(inside)} ticks inside the exit barrier: the GIL is free there"
+
+
 def _drain(process) -> str:
   """What the process wrote since the last read, without waiting (read_until made its output
   non-blocking)."""

@@ -78,7 +78,16 @@ class Collective(str, enum.Enum):
   """Once before training reads through the tf.data service: the first replica's random number
   summed, naming this run's jobs (`training.agreement.agreed_token`)."""
   EXIT_BARRIER = "the exit barrier"
-  """At a clean end: every worker leaves together (`strategy.factory`)."""
+  """At a clean end: every worker leaves together (`strategy.factory`). TensorFlow's
+  coordination service waits there holding Python's GIL (`HOLDS_THE_GIL`)."""
+
+
+HOLDS_THE_GIL = frozenset({Collective.EXIT_BARRIER})
+"""Waits TensorFlow makes without releasing Python's GIL (its coordination service's
+`wait_at_barrier`: a thread printing each second printed nothing for the 8 s a peer took to
+arrive, TensorFlow 2.21): no other thread runs inside, the heartbeat's included. Entering one
+writes the heartbeat first (`before_holding_the_gil`) with `gil_held` set, so the launcher
+reads the silence that follows as that wait, not as a frozen process."""
 
 
 _lock = threading.Lock()
@@ -162,16 +171,32 @@ def collective(what: Collective):
   """Marks a collective run between calls: the task waits in `what` for its peers inside, and
   is back in the phase it was in after. Before its first call the task is still starting (the
   start-up deadline's), so the phase stays START."""
+  holds_the_gil = what in HOLDS_THE_GIL
   with _lock:
     before, where = Phase(_state["phase"]), _state["where"]
     if before != Phase.START:
       _enter(Phase.COLLECTIVE, what.value)
+    if holds_the_gil:
+      _state["gil_held"] = what.value
+  if holds_the_gil:
+    for write in _before_the_gil:
+      write()
   try:
     yield
   finally:
     with _lock:
+      _state.pop("gil_held", None)
       if before != Phase.START and _state["phase"] == Phase.COLLECTIVE.value:
         _enter(before, where)
+
+
+def before_holding_the_gil(write: Callable[[], None]) -> None:
+  """`write` (the heartbeat's) runs, in the waiting thread, just before a wait of
+  `HOLDS_THE_GIL` begins."""
+  _before_the_gil[:] = [write]
+
+
+_before_the_gil: list[Callable[[], None]] = []
 
 
 def done() -> None:

@@ -15,6 +15,11 @@ Measured on TensorFlow 2.21 (BUILD_NOTES.md, "The tf.data service's roles"), and
 - A trainer that stops reading a job early (a quota, `take(n)`) drops the elements it had
   fetched and not read: lost to the others (98 of 100 read in one pass, measured). So each
   trainer reads its job to its end.
+- A reader fetches ahead: by default the whole of a small pass (one reader took all 12
+  batches of a pass after reading one), and 3 with `max_outstanding_requests=1` and no
+  prefetch injected after it (4 with one).
+  Readers that do not step together (`endless_passes`) read with 1: what one of them holds of
+  a pass while another moves on to the next is what an epoch of steps can take twice.
 """
 
 from __future__ import annotations
@@ -95,13 +100,17 @@ def endless_passes(dataset, *, service: str):
     An endless `tf.data.Dataset`.
   """
   import tensorflow as tf
-  return tf.data.Dataset.counter().flat_map(_passes(dataset, service, new_token(), "pass"))
+  options = tf.data.Options()  # No prefetch of tf.data's own after the reader: it would hold
+  options.experimental_optimization.inject_prefetch = False  # more of a pass.
+  return tf.data.Dataset.counter().flat_map(
+      _passes(dataset, service, new_token(), "pass", fetched_ahead=1)).with_options(options)
 
 
-def _passes(dataset, service: str, token: int, kind: str):
+def _passes(dataset, service: str, token: int, kind: str, fetched_ahead: int | None = None):
   """`dataset` registered with the service under this run's name; returns a function of a
   number (a tensor) giving pass `<kind>-<number>` of it: the `distributed_epoch` job every
-  reader of that name shares."""
+  reader of that name shares, each reader with at most `fetched_ahead` requests outstanding
+  (None: TensorFlow's, as many as its buffer holds)."""
   import tensorflow as tf
   from tensorflow.python.data.experimental.ops import data_service_ops
   name = f"{JOB_PREFIX}-{token}"
@@ -112,7 +121,8 @@ def _passes(dataset, service: str, token: int, kind: str):
     # implementation, called here, takes a tensor.
     return data_service_ops._from_dataset_id(
         "distributed_epoch", service, dataset_id, dataset.element_spec,
-        job_name=tf.strings.join([name, f"-{kind}-", tf.strings.as_string(number)]))
+        job_name=tf.strings.join([name, f"-{kind}-", tf.strings.as_string(number)]),
+        max_outstanding_requests=fetched_ahead)
   return one_pass
 
 

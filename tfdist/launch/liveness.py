@@ -64,17 +64,29 @@ def start_from_environment(environ: MutableMapping[str, str] = os.environ) -> bo
   faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
 
   def beat():
-    while True:
-      try:  # Written whole: the launcher may read it at any moment.
-        with open(f"{path}.next", "w") as out:
-          json.dump(progress.snapshot(), out)
-        os.replace(f"{path}.next", path)
-      except OSError:
-        return
+    while _write_beat(path):
       time.sleep(BEAT_SECONDS)
   progress.watch()
+  progress.before_holding_the_gil(lambda: _write_beat(path))
   threading.Thread(target=beat, name="tfdist-heartbeat", daemon=True).start()
   return True
+
+
+def _write_beat(path: str) -> bool:
+  """Writes `progress.snapshot()` to `path`, whole (the launcher may read it at any moment);
+  False once it cannot (the logs removed). Two threads call it (the heartbeat's, and one about
+  to wait holding the GIL): one at a time, so the newer snapshot is the one left."""
+  with _WRITING:
+    try:
+      with open(f"{path}.next", "w") as out:
+        json.dump(progress.snapshot(), out)
+      os.replace(f"{path}.next", path)
+    except OSError:
+      return False
+  return True
+
+
+_WRITING = threading.Lock()
 
 
 def read_progress(path: str) -> dict | None:

@@ -91,10 +91,12 @@ def evaluators(running: Sequence[Running]) -> list[Running]:
 
 
 def frozen(running: Sequence[Running], after: float) -> Running | None:
-  """The running task silent longest, if its heartbeat is older than `after` seconds."""
+  """The running task silent longest, if its heartbeat is older than `after` seconds and it
+  did not say it entered a wait that holds the GIL (`progress.HOLDS_THE_GIL`: that wait's own
+  deadline judges it)."""
   ages = [(age, r) for r in running if r.process.poll() is None
           for age in [liveness.heartbeat_age(heartbeat(r.plan))] if age is not None and
-          age > after]
+          age > after and not (liveness.read_progress(heartbeat(r.plan)) or {}).get("gil_held")]
   return max(ages, key=lambda pair: pair[0])[1] if ages else None
 
 
