@@ -350,6 +350,7 @@ def enable_collective_ops_once() -> None:
 
 
 _EXIT_BARRIER_MS = 10 * 60 * 1000  # A peer's own end of script: evaluation, saving.
+_SAID_AFTER_S = 10.0  # A longer wait there is said in the task's output.
 _LEAVING_TOGETHER: list = []
 
 
@@ -381,10 +382,16 @@ def _leave_together_at_exit() -> None:
   def leave_together():
     if not progress.ends_clean():
       return
+    import time
     from tensorflow.python.eager import context
+    began = time.monotonic()
     with contextlib.suppress(Exception), \
         progress.collective(progress.Collective.EXIT_BARRIER):
       context.context().wait_at_barrier("tfdist_exit", _EXIT_BARRIER_MS)
+    waited = time.monotonic() - began
+    if waited >= _SAID_AFTER_S:  # A peer's own end (saving, evaluating) kept this one.
+      print(f"tfdist: this worker waited {waited:.0f} s at its end for the other workers to "
+            "end theirs (tfdist's exit barrier)", file=sys.stderr, flush=True)
   atexit.register(leave_together)
 
 
