@@ -126,18 +126,23 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
   """One device reads each of the 192 examples once an epoch (a hand count); two trainers
   reading one pass of the service's each epoch, unequal shares, do too: Keras Metric
   subclasses count each example id over both workers. fit's model has its own train_step (as
-  Keras's guide writes one) and the config no global batch: the dataset's is taken. tfdist.fit's TensorBoard (the loop
-  writes none) records the data workers beside each epoch's split, runs compared by it."""
+  Keras's guide writes one) and the config no global batch: the dataset's is taken.
+  tfdist.fit's TensorBoard (the loop writes none) records the data workers beside each epoch's
+  split, runs compared by it. The loop reads a pass per trainer (`data_service.passes:
+  per_trainer`): each example twice an epoch, once by each trainer (a hand count)."""
   tensorboard = "" if loop else f"tensorboard: {{log_dir: {tmp_path / 'tb'}}}\n"
   if loop:
-    output = _trained(tmp_path, _SERVED, env={"LOOP": "1"})
+    output = _trained(tmp_path, _SERVED + "data_service: {passes: per_trainer}\n",
+                      env={"LOOP": "1"})
   else:  # A model's own train_step, the global batch the dataset's (the config gives none).
     config = _SERVED.replace("training: {global_batch_size: 16}\n", "")
     output = _trained(tmp_path, config + tensorboard, env={"OWN_STEP": "1"})
     assert "global batch 16 (8 per replica)" in output, output[-3000:]
   epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
-  assert epochs == [[192, 0, 192]] * 3, epochs
-  assert "the dataset's pipeline run by 2 tf.data service data workers" in output, output[-3000:]
+  assert epochs == ([[0, 192, 192]] if loop else [[192, 0, 192]]) * 3, epochs
+  assert "the dataset's pipeline run by 2 tf.data service data workers, each epoch " + (
+      "a whole pass for each trainer (data_service.passes: per_trainer)" if loop else
+      "one pass shared by every trainer") in output, output[-3000:]
   assert "ran out of data" not in output, output[-3000:]
   if not loop:
     from tests.test_monitoring import scalars

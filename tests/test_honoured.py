@@ -73,7 +73,7 @@ def _asked(key: str):
   else:
     cls = {"training": schema.TrainingConfig, "checkpoint": schema.CheckpointConfig,
            "tensorboard": schema.TensorBoardConfig, "devices": schema.DevicesConfig,
-           "cluster": schema.ClusterConfig}[section]
+           "cluster": schema.ClusterConfig, "data_service": schema.DataServiceConfig}[section]
   kind = typing.get_type_hints(cls)[name]
   choices = [c for c in typing.get_args(kind) if isinstance(c, str)] or \
       [c for arg in typing.get_args(kind) for c in typing.get_args(arg) if isinstance(c, str)]
@@ -170,6 +170,10 @@ def test_every_strategy_feature_is_what_some_key_needs():
     ({"cluster": {"chief": 1, "worker": 1, "ps": 1},
       "strategy": {"name": "parameter_server", "min_shard_bytes": 1024}},
      "strategy.min_shard_bytes: needs strategy.max_shards above 1"),
+    ({"cluster": {"worker": 2}, "data_service": {"passes": "per_trainer"}},
+     "data_service.passes: says how trainers read through the tf.data service: give the "
+     "cluster cluster.dispatcher and cluster.data_worker, or leave it out. Received: "
+     "'per_trainer'"),
 ])
 def test_keys_that_need_another_are_refused_without_it(text, message):
   with pytest.raises(tfdist.ConfigError, match=f"^<dict>: {message}"):

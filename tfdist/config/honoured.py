@@ -129,6 +129,16 @@ DECISIONS: dict[str, Decision] = {
         checked_by=("test_data_service.py::test_a_data_worker_killed_mid_epoch_is_restarted_alone_and_no_element_is_seen_twice",
                     "test_data_service.py::test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice",
                     "test_data_service.py::test_per_host_roles_train_through_the_service_and_end_by_themselves")),
+    "data_service.passes": Decision(
+        "shared: each epoch one pass of the training dataset that every trainer shares (each "
+        "example once an epoch over all of them); per_trainer: each trainer reads its own "
+        "whole pass an epoch (each example once an epoch per trainer)",
+        refused={PARAMETER_SERVER: "parameter-server workers do not step together: they read "
+                                   "one endless stream of shared passes",
+                 SPLIT: "a split model's workers take their slices of each batch themselves"},
+        checked_by=("test_data_service.py::test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_workers",
+                    "test_honoured.py::test_keys_that_need_another_are_refused_without_it",
+                    "test_honoured.py::test_each_refusal_refuses_its_key_on_its_path_in_one_line")),
     "data_service.work_dir": Decision(
         "the dispatcher's journal (TensorFlow's fault-tolerant mode): a dispatcher killed and "
         "restarted alone by tfdist launch recovers its jobs, and training goes on",

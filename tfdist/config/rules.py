@@ -67,6 +67,10 @@ def _check_cluster(config: Config) -> None:
     raise ConfigError("is the tf.data service dispatcher's journal: give the cluster "
                       "cluster.dispatcher and cluster.data_worker, or leave it out",
                       key="data_service.work_dir", received=config.data_service.work_dir)
+  if config.data_service.passes != "shared" and not cluster.dispatcher:
+    raise ConfigError("says how trainers read through the tf.data service: give the cluster "
+                      "cluster.dispatcher and cluster.data_worker, or leave it out",
+                      key="data_service.passes", received=config.data_service.passes)
 
 
 def refuse_data_service(config: Config, where: str) -> None:

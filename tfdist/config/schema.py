@@ -352,8 +352,14 @@ class DataServiceConfig:
       restart on another host): a dispatcher that dies and is restarted (tfdist launch restarts
       it alone) recovers its datasets, jobs and workers from it, and training goes on; None
       keeps its state in memory only. Needs the service's roles.
+    passes: how the trainers read each epoch: "shared", one pass over the dataset every
+      trainer shares (each example once an epoch over all of them: the service's
+      `distributed_epoch`); "per_trainer", each trainer its own whole pass (each example once
+      an epoch per trainer, so N trainers train on N times the data an epoch). Needs the
+      service's roles.
   """
   work_dir: str | None = None
+  passes: Literal["shared", "per_trainer"] = "shared"
 
 
 def _valid_stages(value) -> bool:

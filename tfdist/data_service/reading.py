@@ -33,9 +33,10 @@ JOB_PREFIX = "tfdist"
 
 
 def served(dataset, *, strategy, service: str, global_batch: int, token: int,
-           then: Callable | None = None):
+           then: Callable | None = None, passes: str = "shared"):
   """`dataset`'s global batches read through the tf.data service, as `strategy`'s replicas
-  take them: each Keras epoch one pass (one `distributed_epoch` job) shared by every trainer.
+  take them: each Keras epoch one pass (one `distributed_epoch` job) shared by every trainer,
+  or with `passes="per_trainer"` one pass for each trainer (each reads a whole pass).
 
   Args:
     dataset: a `tf.data.Dataset` of global batches (batched by `global_batch`).
@@ -46,6 +47,7 @@ def served(dataset, *, strategy, service: str, global_batch: int, token: int,
     token: a number every trainer of this run holds alike and a restarted run holds anew
       (its jobs are then new).
     then: a last transformation of each trainer's stream (e.g. counting what it reads).
+    passes: "shared" or "per_trainer" (`data_service.passes`).
 
   Returns:
     A `tf.distribute.DistributedDataset` of per-replica batches; finite: one pass per
@@ -63,14 +65,15 @@ def served(dataset, *, strategy, service: str, global_batch: int, token: int,
   import tensorflow as tf
   from tensorflow.python.ops import resource_variable_ops
 
-  one_pass = _passes(dataset.rebatch(global_batch // strategy.num_replicas_in_sync), service,
-                     token, "read")
+  pieces = dataset.rebatch(global_batch // strategy.num_replicas_in_sync)
   with tf.init_scope(), tf.device("/cpu:0"):  # A plain counter, outside any strategy.
     reads = resource_variable_ops.ResourceVariable(0, dtype=tf.int64, trainable=False,
                                                    name="tfdist_data_service_reads")
 
   def per_trainer(context):
-    del context  # Every trainer reads the same jobs; the service splits them.
+    # Shared: every trainer reads the same jobs, which the service splits among them.
+    kind = "read" if passes == "shared" else f"trainer{context.input_pipeline_id}-read"
+    one_pass = _passes(pieces, service, token, kind)
     # Counted when the iterator first reads.
     stream = tf.data.Dataset.from_tensors(0).flat_map(lambda _: one_pass(reads.assign_add(1)))
     return then(stream) if then else stream

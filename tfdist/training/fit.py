@@ -268,7 +268,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
 
 def _served(run: _Run, train_data, service: str):
   """The training dataset read through the tf.data service: each epoch one pass shared by
-  every trainer (`tfdist.data_service.reading`)."""
+  every trainer, or one per trainer (`data_service.passes`; `tfdist.data_service.reading`)."""
   from tfdist.progress import Collective
   from tfdist.training import agreement, data
   data.require_batched(train_data, "train_data")
@@ -281,7 +281,8 @@ def _served(run: _Run, train_data, service: str):
   run.global_batch = run.global_batch or data.batched_by(train_data)
   return reading.served(train_data, strategy=run.strategy, service=service,
                         global_batch=run.global_batch, token=token,
-                        then=lambda stream: data.counted(stamped(stream)))
+                        then=lambda stream: data.counted(stamped(stream)),
+                        passes=run.config.data_service.passes)
 
 
 def _require_servable(train_data) -> None:
@@ -322,7 +323,8 @@ def _announce(run: _Run) -> None:
       fused=run.installed.fused, accumulation=run.installed.accumulation,
       sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
       shuffled_arrays=run.shuffled_arrays,
-      data_workers=config.cluster.data_worker if run.served else 0))
+      data_workers=config.cluster.data_worker if run.served else 0,
+      passes=config.data_service.passes))
   if run.resumed:
     report.say(report.resume_line(
         run.first_epoch, run.epochs, run.files[0].directory,

@@ -151,7 +151,7 @@ class TrainingLoop:
         steps_per_execution=self._steps_per_call, fused=self._fused,
         accumulation=self._accumulation,
         sharded=self._sharded, data_workers=self.config.cluster.data_worker if self._service
-        else 0))
+        else 0, passes=self.config.data_service.passes))
 
   @contextlib.contextmanager
   def scope(self):
@@ -323,7 +323,8 @@ class TrainingLoop:
       token = agreement.agreed_token(self.strategy, progress.Collective.DATA_SERVICE_NAME)
       self._served[id(dataset)] = (dataset, reading.served(
           dataset, strategy=self.strategy, service=self._service,
-          global_batch=self.global_batch_size, token=token, then=data.counted))
+          global_batch=self.global_batch_size, token=token, then=data.counted,
+          passes=self.config.data_service.passes))
     return self._served[id(dataset)][1]
 
   def _iterator(self, dataset):

@@ -21,7 +21,8 @@ from tfdist.machine import precision as precision_lib
 def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                  precision: "precision_lib.Precision", steps_per_execution: int,
                  fused: str | None, accumulation: int, sharded: str | None = None,
-                 shuffled_arrays: bool = False, data_workers: int = 0) -> str:
+                 shuffled_arrays: bool = False, data_workers: int = 0,
+                 passes: str = "shared") -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
   that plain Keras would not, with the config key that turns it off, and what `auto`
   measured. Pure."""
@@ -53,10 +54,14 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                   "replica count, not Keras's (shuffle=False: the arrays' own order)")
   if data_workers:
     unlike.append(f"the dataset's pipeline run by {data_workers} tf.data service data "
-                  f"worker{'s' * (data_workers != 1)}, each epoch one pass shared by every "
-                  "trainer, its batches in the order they arrive (without cluster.dispatcher "
-                  "and data_worker it runs here)")
+                  f"worker{'s' * (data_workers != 1)}, each epoch "
+                  f"{_PASSES[passes]}, its batches in the order they arrive (without "
+                  "cluster.dispatcher and data_worker it runs here)")
   return head + (" Unlike plain Keras: " + "; ".join(unlike) if unlike else "")
+
+
+_PASSES = {"shared": "one pass shared by every trainer",
+           "per_trainer": "a whole pass for each trainer (data_service.passes: per_trainer)"}
 
 
 def resume_line(epoch: int, epochs: int, directory: str, step: int = 0) -> str:
