@@ -126,17 +126,6 @@ def test_public_address_warning_and_missing_command(write_config):
                                         "CONFIG -- python train.py. Received: 'nothing'")
 
 
-def test_two_worker_cluster_trains_to_the_end(write_config, tmp_path):
-  path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
-  result = launch(str(path), "--logs", str(tmp_path / "logs"), "--", sys.executable,
-                  str(PROGRAMS / "equivalence_case.py"), "plain")
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-  assert "[worker-0] RESULT plain " in result.stdout  # The terminal shows the chief's output.
-  for name in ("worker-0", "worker-1"):
-    assert "RESULT plain " in (tmp_path / "logs" / f"{name}.log").read_text()
-  assert "[tfdist launch] every task finished: done" in result.stdout
-
-
 def test_parameter_server_cluster_runs_its_chief_against_served_workers(write_config, tmp_path):
   path = write_config("cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n")
   result = launch(str(path), "--logs", str(tmp_path), "--", sys.executable,
@@ -244,6 +233,9 @@ def test_readme_main_job_trains_the_example_on_a_local_two_worker_cluster(tmp_pa
                      r"2 replicas\)", result.stdout)
   logged = re.findall(r"test loss [\d.]+ accuracy ([\d.]+)", (tmp_path / "worker-1.log").read_text())
   assert len(shown) == len(logged) == 1 and float(shown[0]) == float(logged[0]) > 0.85
+  # The terminal shows the chief's output only; each task's is in its log.
+  assert "[worker-1]" not in result.stdout, result.stdout[-3000:]
+  assert "[tfdist launch] every task finished: done" in result.stdout, result.stdout[-3000:]
 
 
 def test_a_launch_of_several_cpu_workers_on_one_host_advises_one_worker_with_every_core(
