@@ -63,14 +63,16 @@ def _check_cluster(config: Config) -> None:
   if cluster.dispatcher and not cluster.training_tasks:
     raise ConfigError("the tf.data service feeds trainers: give the cluster a chief or "
                       "workers", key="cluster.dispatcher", received=cluster.dispatcher)
-  if config.data_service.work_dir and not cluster.dispatcher:
-    raise ConfigError("is the tf.data service dispatcher's journal: give the cluster "
-                      "cluster.dispatcher and cluster.data_worker, or leave it out",
-                      key="data_service.work_dir", received=config.data_service.work_dir)
-  if config.data_service.passes != "shared" and not cluster.dispatcher:
-    raise ConfigError("says how trainers read through the tf.data service: give the cluster "
-                      "cluster.dispatcher and cluster.data_worker, or leave it out",
-                      key="data_service.passes", received=config.data_service.passes)
+  for key, what in _NEED_THE_SERVICE.items():
+    if honoured.asked(config, key) and not cluster.dispatcher:
+      raise ConfigError(f"{what}: give the cluster cluster.dispatcher and cluster.data_worker, "
+                        "or leave it out", key=key, received=honoured.value(config, key))
+
+
+_NEED_THE_SERVICE = {
+    "data_service.work_dir": "is the tf.data service dispatcher's journal",
+    "data_service.passes": "says how trainers read through the tf.data service"}
+"""The `data_service` keys, each with what it is: meaningless without the service's roles."""
 
 
 def refuse_data_service(config: Config, where: str) -> None:

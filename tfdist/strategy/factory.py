@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import time
 from typing import Any, Callable, Mapping
 
 import tfdist.progress as progress
@@ -382,7 +383,6 @@ def _leave_together_at_exit() -> None:
   def leave_together():
     if not progress.ends_clean():
       return
-    import time
     from tensorflow.python.eager import context
     began = time.monotonic()
     with contextlib.suppress(Exception), \
