@@ -64,6 +64,8 @@ def make_model():
 
 
 def main():
+  if os.environ.get("COORDINATOR_LOG"):  # The coordinator's recovery lines, with their times.
+    record_coordinator(os.environ["COORDINATOR_LOG"])
   config = tfdist.load_config()
   x, y = data(0, 2048)
   history = tfdist.fit(make_model, x, y, config=config, validation_data=data(1, 256),
@@ -81,15 +83,32 @@ def main():
   print("RESULT " + json.dumps(result), flush=True)
 
 
+def record_coordinator(path):
+  """Appends TensorFlow's INFO lines (the ClusterCoordinator's failures and recoveries) to
+  `path` with their times; the terminal keeps its WARNING level."""
+  import logging
+
+  logger = tf.get_logger()
+  for handler in logger.handlers:
+    handler.setLevel(max(handler.level, logger.getEffectiveLevel()))
+  to_file = logging.FileHandler(path)
+  to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+  logger.addHandler(to_file)
+  logger.setLevel(logging.INFO)
+
+
 def workers_running_steps(strategy, seconds=60):
   """How many workers run scheduled functions within `seconds` (a restarted worker may still be
-  starting when training ends): each worker's dataset holds the time it was made, so the
-  distinct values the functions return count the workers that ran them."""
+  starting when training ends): each worker's dataset holds the time it was made and a random
+  number drawn there, so the distinct pairs the functions return count the workers that ran
+  them (two workers making theirs in one microsecond do not count as one)."""
   import time
 
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # fit's, reused.
   made_at = iter(coordinator.create_per_worker_dataset(
-      lambda: tf.data.Dataset.from_tensors(tf.timestamp()).repeat()))
+      lambda: tf.data.Dataset.from_tensors(
+          tf.stack([tf.timestamp(), tf.random.uniform([], maxval=2**40, dtype=tf.float64)]))
+      .repeat()))
   probe = tf.function(lambda iterator: next(iterator))
   workers = len(tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
                 .job_tasks("worker"))
@@ -97,7 +116,8 @@ def workers_running_steps(strategy, seconds=60):
   while len(seen) < workers and time.monotonic() < deadline:
     calls = [coordinator.schedule(probe, args=(made_at,)) for _ in range(50)]
     coordinator.join()
-    seen |= {float(call.fetch()) for call in calls}
+    seen |= {tuple(call.fetch().tolist()) for call in calls}
+  tf.get_logger().info("probe: %d workers ran scheduled functions", len(seen))
   return len(seen)
 
 
