@@ -1,15 +1,15 @@
 """The tf.data service's roles for an input-bound job: a trainer pinned to one core whose
-input's map costs more than its step, its pipeline run locally against one data worker pinned
-to the other core (`tfdist data-service`, as `tfdist launch` starts it), the trainer reading
-through TensorFlow's `distribute("distributed_epoch", tfdist.data_service_address(...))`.
-Contenders interleaved; examples per second of the trainer's loop (input and step), median.
+input's map costs more than its step (~7,000 and ~8,500 examples/s alone), its pipeline run
+locally against one data worker pinned to the other core (`tfdist data-service`, as `tfdist
+launch` starts it), read by tfdist's reader (`reading.served`, as `tfdist.fit` reads) and by
+TensorFlow's public `distribute("distributed_epoch", ...)`. Contenders interleaved; examples
+per second of the trainer's loop (input and step) over an epoch of 8,192 rows, median.
 
-Measured 2026-11-28 (2 vCPUs, AMD EPYC, TF 2.21), medians of 3: local 2,443 examples/s; one
-data worker reading a row-by-row source (`from_tensor_slices` of the rows) 1,349 (0.55); the
-same rows from a source of 64-row chunks 2,018 (0.83). The dispatcher hands a data worker one
-source element (a split) at a time: a row-by-row source pays a round trip a row (in-process
-probe, 20,000 small rows: 1,986-1,990 rows/s a row a split, 7,722-9,724 in 100-row chunks).
-The 1.6x goal is not met here (BUILD_NOTES.md).
+Measured 2026-11-28 (2 vCPUs, AMD EPYC, TF 2.21), medians of 3: local 3,206 examples/s;
+tfdist's reader 6,082 (**1.90x**); TensorFlow's `distribute()` 4,040 (1.26x): its reader
+learns that a pass ended at its next question to the dispatcher, a second after the job
+began, so each epoch waits ~0.7 s after its last batch (`reading.TASK_REFRESH_MS`). A source
+of single rows instead of 512-row chunks costs a dispatcher round trip a row (0.55x before).
 
   python -m benchmarks.bench_data_service [--rounds 3]
 """
@@ -26,8 +26,9 @@ from absl import app, flags
 flags.DEFINE_integer("rounds", 3, "Epochs timed per contender (after one warm-up each).")
 FLAGS = flags.FLAGS
 
-_ROWS, _BATCH, _CHUNK = 4096, 64, 64
-_MAP_PRODUCTS = 30  # ~40 ms of input a batch on one core: the service moves a batch in ~11 ms.
+_ROWS, _BATCH, _CHUNK = 8192, 64, 512
+_MAP_PRODUCTS = 10  # The input's map: ~7,000 examples/s on one core.
+_STEP_PRODUCTS = 70  # The step: ~8,500 examples/s: the map costs more (input-bound).
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,6 +59,7 @@ def main(argv):
   import numpy as np
   import tensorflow as tf
   import tfdist
+  from tfdist.data_service import reading
   os.sched_setaffinity(0, {0})  # The trainer: one core.
   dispatcher, worker = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(2))
   config = tfdist.load_config({"cluster": {"worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
@@ -81,23 +83,23 @@ def main(argv):
     @tf.function
     def step(batch):
       h = batch
-      for _ in range(24):  # A step cheaper than the batch's input, as in an input-bound job.
+      for _ in range(_STEP_PRODUCTS):  # Cheaper than the batch's input: input-bound.
         h = tf.tanh(tf.linalg.matmul(h, weights))
       weights.assign_sub(1e-6 * tf.linalg.matmul(batch, h, transpose_a=True))
 
-    elements = tf.data.Dataset.from_tensor_slices(x).map(_augment)
-    # The same rows from a source of 64-row chunks: the dispatcher hands a data worker one
-    # source element (a "split") at a time, so a row-by-row source costs a round trip a row.
+    # Rows from a source of 512-row chunks: the dispatcher hands a data worker one source
+    # element (a "split") at a time, and a row-by-row source costs a round trip a row.
     chunked = tf.data.Dataset.from_tensor_slices(x.reshape(-1, _CHUNK, x.shape[1])).flat_map(
-        tf.data.Dataset.from_tensor_slices).map(_augment)
-    service = tf.data.experimental.service.distribute("distributed_epoch",
-                                                      tfdist.data_service_address(config))
-    # Batched on the data worker: one transfer a batch.
-    contenders = {"local pipeline (one core)": elements.batch(_BATCH).prefetch(2),
-                  "one data worker, a row a split": elements.batch(_BATCH).apply(
-                      service).prefetch(2),
-                  f"one data worker, {_CHUNK} rows a split": chunked.batch(_BATCH).apply(
-                      service).prefetch(2)}
+        tf.data.Dataset.from_tensor_slices).map(_augment).batch(_BATCH)  # Batched where mapped.
+    service = tfdist.data_service_address(config)
+    strategy = tf.distribute.get_strategy()
+    contenders = {
+        "local pipeline (one core)": chunked.prefetch(2),
+        "one data worker, tfdist's reader": reading.served(
+            chunked, strategy=strategy, service=service, global_batch=_BATCH,
+            token=reading.new_token()),
+        "one data worker, TensorFlow's distribute()": chunked.apply(
+            tf.data.experimental.service.distribute("distributed_epoch", service)).prefetch(2)}
     figures = {name: [] for name in contenders}
     for _ in range(FLAGS.rounds):
       for name, dataset in contenders.items():

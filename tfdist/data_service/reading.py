@@ -30,6 +30,11 @@ from typing import Callable
 from tfdist.errors import ConfigError
 
 JOB_PREFIX = "tfdist"
+TASK_REFRESH_MS = 100
+"""How often a reader asks the dispatcher about its job. A pass ends for a reader only when it
+next asks: at TensorFlow's own interval (a second) every epoch's last batch was followed by
+0.7 s of waiting for the end (a 0.3 s pass read in 1.03 s; 0.32 s at 100 ms; TF 2.21).
+`tests/test_data_service.py` tells when TensorFlow's own is quick."""
 
 
 def served(dataset, *, strategy, service: str, global_batch: int, token: int,
@@ -125,7 +130,7 @@ def _passes(dataset, service: str, token: int, kind: str, fetched_ahead: int | N
     return data_service_ops._from_dataset_id(
         "distributed_epoch", service, dataset_id, dataset.element_spec,
         job_name=tf.strings.join([name, f"-{kind}-", tf.strings.as_string(number)]),
-        max_outstanding_requests=fetched_ahead)
+        max_outstanding_requests=fetched_ahead, task_refresh_interval_hint_ms=TASK_REFRESH_MS)
   return one_pass
 
 
