@@ -11,8 +11,10 @@ gradients, 2(N-1)/N x G; stage 1, that plus an all-gather of the weights, (N-1)/
 a reduce-scatter, (N-1)/N x G, plus the all-gather.
 
 With `--peak` (processes only, TensorFlow's CPU allocator with statistics, BFC): each
-worker's allocator peak over its whole fit, the most of any worker: what a replica's memory
-must hold at once, weights, optimizer state and the step's gradients and buffers together.
+worker's allocator peak over the steps of epoch 2 and over its whole fit, the most of any
+worker: what a replica's memory must hold at once, weights, optimizer state and the step's
+gradients and buffers together. (A step's transient alone, without an input pipeline's
+buffers: `python -m tests.programs.step_peak 2 off|optimizer|gradients`.)
 
   python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak]
 """
@@ -43,11 +45,14 @@ def peaks(n: int) -> list[str]:
   rows = []
   os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
   for stage, settings in STAGES.items():
-    found = []
+    found, steps = [], []
     for _ in range(FLAGS.rounds):
       output = run(cluster(n) + training(TRAINING, **settings), "train", n)
-      found.append(max(int(v) for v in re.findall(r"PEAK_BYTES (\d+)", output)))
-    rows.append(f"| {n} | {stage} | {statistics.median(found) / 2**20:.2f} MiB "
+      found.append(max(int(v) for v in re.findall(r"\bPEAK_BYTES (\d+)", output)))
+      steps.append(max(int(v) for v in re.findall(r"STEPS_PEAK_BYTES (\d+)", output)))
+    rows.append(f"| {n} | {stage} | {statistics.median(steps) / 2**20:.2f} MiB "
+                f"({', '.join(f'{f / 2**20:.2f}' for f in steps)}) | "
+                f"{statistics.median(found) / 2**20:.2f} MiB "
                 f"({', '.join(f'{f / 2**20:.2f}' for f in found)}) |")
   return rows
 
@@ -57,7 +62,8 @@ def main(argv):
   if FLAGS.peak:
     print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
           f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32)\n")
-    print("| N | setup | allocator peak of a worker (runs) |\n|---|---|---|")
+    print("| N | setup | peak over the steps of epoch 2 (runs) | peak over the whole fit (runs) |"
+          "\n|---|---|---|---|")
     print("\n".join(row for n in FLAGS.replicas for row in peaks(int(n))))
     return
   rows = []

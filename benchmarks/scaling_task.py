@@ -31,15 +31,37 @@ SIZES = [2 ** k for k in range(12, 26, 2)]  # 4 KiB .. 32 MiB of float32
 def train(config):
   x, y = common.data(int(os.environ.get("SAMPLES", "16384")))
   timer = common.EpochTimer()
+  steps_peak = _StepsPeak() if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else None
   history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
-                       callbacks=[timer], verbose=0, shuffle=False)
+                       callbacks=[timer] + ([steps_peak] if steps_peak else []), verbose=0,
+                       shuffle=False)
   losses = history.history["loss"]
   seconds = statistics.median(timer.seconds)
   replicas = tfdist.make_strategy(config).num_replicas_in_sync
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
   return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
           "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses),
-          f"OPTIMIZER_BYTES {held_bytes(history.model)}"] + peak_bytes()
+          f"OPTIMIZER_BYTES {held_bytes(history.model)}"] + peak_bytes() + (
+              [f"STEPS_PEAK_BYTES {steps_peak.peak}"] if steps_peak else [])
+
+
+def _StepsPeak():
+  """A Keras callback: the allocator's peak over the second epoch's steps (their buffers, and
+  what the process holds between them), reset at its start: the first traced and built."""
+  import keras
+  import tensorflow as tf
+
+  class StepsPeak(keras.callbacks.Callback):
+    peak = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+      if epoch == 1:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+
+    def on_epoch_end(self, epoch, logs=None):
+      if epoch == 1:
+        self.peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+  return StepsPeak()
 
 
 def peak_bytes() -> list[str]:

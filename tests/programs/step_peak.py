@@ -1,0 +1,62 @@
+"""The allocator's peak over training steps beyond what the process held before them, under
+`tfdist.fit` on mirrored over N logical CPUs (TensorFlow's CPU allocator with statistics: BFC,
+set here before TensorFlow starts). A 2.1 M-parameter MLP (8.4 MiB of float32) and a batch of
+32: the steps' buffers are the gradients and their reduction, not the activations. Steps run
+by `train_on_batch` on one batch held as a tensor (no input pipeline's buffers).
+
+Prints `TRANSIENT_BYTES x` (the most the steps added over what was held before them),
+`WEIGHT_BYTES x` and `MAX_DIFF x` (the largest difference from plain Keras's weights on one
+device after the same steps).
+
+Usage: python -m tests.programs.step_peak N off|optimizer|gradients"""
+
+import os
+import sys
+
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+
+
+def main(replicas: str, mode: str) -> None:
+  import keras
+  import numpy as np
+  import tensorflow as tf
+  import tfdist
+
+  def model_fn():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu"),
+                             keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(8)])
+
+  config = {"strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
+            "training": {"global_batch_size": 32, "epochs": 1, "mixed_precision": "off",
+                         "steps_per_execution": 1, "fused_optimizer": False,
+                         "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(64, 1024)).astype("float32")
+  y = rng.integers(0, 8, size=(64,))
+  model = tfdist.fit(model_fn, x, y, config=config, shuffle=False, verbose=0, compile=lambda: dict(
+      optimizer=keras.optimizers.Adam(1e-3),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
+  batch = (tf.constant(x[:32]), tf.constant(y[:32]))
+  model.train_on_batch(*batch)  # Its own function traced.
+  tf.config.experimental.reset_memory_stats("CPU:0")
+  held = tf.config.experimental.get_memory_info("CPU:0")["current"]
+  for _ in range(3):
+    model.train_on_batch(*batch)
+  peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+  print(f"TRANSIENT_BYTES {peak - held}", flush=True)
+  print(f"WEIGHT_BYTES {sum(w.numpy().nbytes for w in model.weights)}", flush=True)
+  # The reference: plain Keras on one device, the same batches in the same order.
+  plain = model_fn()
+  plain.compile(optimizer=keras.optimizers.Adam(1e-3),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  plain.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+  for _ in range(4):
+    plain.train_on_batch(*batch)
+  diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), plain.get_weights(),
+                                                          strict=True))
+  print(f"MAX_DIFF {diff}", flush=True)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
