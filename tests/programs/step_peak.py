@@ -8,7 +8,8 @@ Prints `TRANSIENT_BYTES x` (the most the steps added over what was held before t
 `WEIGHT_BYTES x` and `MAX_DIFF x` (the largest difference from plain Keras's weights on one
 device after the same steps).
 
-Usage: python -m tests.programs.step_peak N off|optimizer|gradients"""
+Usage: python -m tests.programs.step_peak N off|optimizer|gradients (under `tfdist launch`:
+the launched config's strategy and training, each task its own process's figures)"""
 
 import os
 import sys
@@ -27,7 +28,8 @@ def main(replicas: str, mode: str) -> None:
     return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu"),
                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(8)])
 
-  config = {"strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
+  config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
+            "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
             "training": {"global_batch_size": 32, "epochs": 1, "mixed_precision": "off",
                          "steps_per_execution": 1, "fused_optimizer": False,
                          "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
