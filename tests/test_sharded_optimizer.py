@@ -311,17 +311,34 @@ def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(r
       two.get("CollectiveReduceV2", 0) < parameters, (parameters, two)
 
 
+@pytest.mark.parametrize("shape", [(), (7,), (2, 3), (3, 4, 5), (2, 1, 3, 2)])
+def test_a_flat_range_of_a_weight_is_written_as_boxes_numpy_reads_back_in_order(shape):
+  """Every range [a, b) of a weight laid flat: NumPy's own indexing of each box gives the
+  elements a..b-1 in order (the gathered shards are written into the weights box by box)."""
+  size = int(np.prod(shape))
+  array = np.arange(size).reshape(shape)
+  for a in range(size + 1):
+    for b in range(a, size + 1):
+      read = []
+      for box, first, last in sharded_optimizer._boxes(shape, a, b):
+        values = np.reshape(array[tuple(slice(s, e) for s, e in box)], -1).tolist()
+        assert values == list(range(first, last)), (shape, a, b, box)
+        read += values
+      assert read == list(range(a, b)), (shape, a, b)
+
+
 def test_stage_2_reduce_scattered_in_pieces_equals_plain_keras():
-  """A shard of 4 MiB reduce-scattered in 1 MiB pieces (`SCATTER_PIECE_BYTES`), each piece of
-  every replica's shard one all-to-all after the one before: the weights after 6 steps are
-  plain Keras's on one device. (The step's transient bytes it prints are a benchmark's figure:
-  they vary 46-55 MiB between runs, BUILD_NOTES.md.)"""
+  """A shard of 4 MiB reduce-scattered and gathered back into the weights in 1 MiB pieces
+  (`PIECE_BYTES`), each piece of every replica's shard one collective after the one before,
+  written into the weights box by box: the weights after 6 steps are plain Keras's on one
+  device. (The step's transient bytes it prints are a benchmark's figure:
+  they vary between runs, BUILD_NOTES.md.)"""
   done = subprocess.run([sys.executable, "-m", "tests.programs.step_peak", "2", "gradients"],
                         env=ENV, cwd=REPO, capture_output=True, text=True, timeout=240)
   assert done.returncode == 0, done.stderr[-3000:]
   found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
   shard = int(found["WEIGHT_BYTES"]) / 2
-  assert shard > 3 * sharded_optimizer.SCATTER_PIECE_BYTES, shard  # Several pieces.
+  assert shard > 3 * sharded_optimizer.PIECE_BYTES, shard  # Several pieces.
   assert float(found["MAX_DIFF"]) < 1e-5, found
 
 

@@ -8,8 +8,9 @@ all-reduce of the gradients (TensorFlow's collectives offer no reduce-scatter un
 strategies, and none at all on CPU: tests/test_sharded_optimizer.py, BUILD_NOTES.md), replica
 r updates its shard of the weights with its shard of the gradients and its slots (the
 optimizer's own `update_step`, elementwise, so the arithmetic is the unsharded one's), and the
-updated shards are all-gathered into every replica's weights: per step an all-reduce of the
-gradients plus an all-gather of the weights. The shard of the weights being updated is a
+updated shards are all-gathered into every replica's weights, a piece at a time, each piece
+written in place (`PIECE_BYTES`): per step an all-reduce of the gradients plus an all-gather of
+the weights. The shard of the weights being updated is a
 tensor inside the step (`_Shard`), not a variable: a replica holds nothing beyond its slots'
 shards, 1/N of the unsharded optimizer's state.
 
@@ -17,7 +18,7 @@ Stage 2 (`gradients=True`, `training.shard_gradients`): Keras's all-reduce of th
 left out, and each replica gets its shard of their sum by a reduce-scatter
 (`tfdist.training.reduce_scatter`: TensorFlow's AllToAll, summed as its ring all-reduce sums):
 the reduced gradients take 1/N of the bytes, and a replica sends (N-1)/N of them instead of
-2(N-1)/N. The shard is reduce-scattered in pieces (`SCATTER_PIECE_BYTES`), one after another. The shards are cut as TensorFlow's ring cuts its chunks (`reduce_scatter.shard_size`)
+2(N-1)/N. The shard is reduce-scattered in pieces (`PIECE_BYTES`), one after another. The shards are cut as TensorFlow's ring cuts its chunks (`reduce_scatter.shard_size`)
 in both stages, so either resumes the other's files.
 
 Files stay whole: the optimizer saves and loads its variables in the order and shapes the
@@ -46,11 +47,13 @@ from tfdist.training import reduce_scatter
 # Optimizers whose update is elementwise in every variable: an update of the flat shard is the
 # unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
 # Nadam and Muon keep per-step state outside `update_step`.)
-SCATTER_PIECE_BYTES = 1 << 20
-"""Stage 2 reduce-scatters each replica's shard this many bytes at a time (one all-to-all of N
-such pieces), so one piece's buffers live at once. A step's transient bytes (2 logical CPUs, 8.04
-MiB of weights, `tests/programs/step_peak.py`): 64.0-64.2 MiB the shard at once, 46.2-50.1 in
-1 MiB pieces, 47.6-49.3 in 256 KiB (stage 1: 44.3-48.1)."""
+PIECE_BYTES = 1 << 20
+"""Each replica's shard is reduce-scattered (stage 2) and gathered into the weights (both stages)
+this many bytes at a time (one collective of N such pieces, each after the one before), so one
+piece's buffers live at once. A step's transient bytes per process (2 MWMS workers, 8.04 MiB of
+weights, `tests/programs/step_peak.py`): stage 1 28.1 MiB whole, 20.1 in 1 MiB pieces; stage 2
+28.1 and 20.3-22.1 (unsharded 16.1). 256 KiB pieces measured as 1 MiB's, with 4x the
+collectives."""
 SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Lion")
 
 
@@ -178,9 +181,9 @@ class _Shards:
     self.sizes = [int(np.prod(s)) for s in self.shapes]
     self.size = reduce_scatter.shard_size(sum(self.sizes), self.replicas,
                                           np.dtype(variables[0].dtype).itemsize)
+    self.piece = max(1, PIECE_BYTES // np.dtype(variables[0].dtype).itemsize)
     if self.scatter:
       self.launchers = reduce_scatter.replica_launchers(self.strategy)
-      self.piece = max(1, SCATTER_PIECE_BYTES // np.dtype(variables[0].dtype).itemsize)
     config = {**optimizer.get_config(), "weight_decay": None, "clipnorm": None,
               "clipvalue": None, "global_clipnorm": None, "gradient_accumulation_steps": None,
               "name": f"{optimizer.name}_shard"}
@@ -230,10 +233,32 @@ class _Shards:
       return tf.identity(self.weights.value)
     shards = distribution.extended.update(self.anchor.value, update_shard,
                                           args=(*grads, *variables), group=False)
-    whole = self._gather(distribution, shards if isinstance(shards, (tuple, list)) else [shards])
-    for variable, piece in zip(variables, self._pieces(whole)):
-      distribution.extended.update(variable, lambda v, x: v.assign(x), args=(piece,),
-                                   group=False)
+    self._write_gathered(distribution, shards if isinstance(shards, (tuple, list)) else [shards],
+                         variables)
+
+  def _write_gathered(self, distribution, local, variables):
+    """Every replica's updated shard written into `variables` a piece at a time: piece i of each
+    shard gathered in one all-gather, each of its segments written in place into the variable it
+    falls in (strided-slice assignments), each piece after the one before: no whole-size copy
+    of the weights is made."""
+    starts = np.cumsum([0, *self.sizes])
+    done = []
+    for begin in range(0, self.size, self.piece):
+      length = min(self.piece, self.size - begin)
+      with tf.control_dependencies(done):
+        gathered = self._gather(distribution, [shard[begin:begin + length] for shard in local])
+      done = []
+      for k in range(self.replicas):
+        at = k * self.size + begin  # Where gathered[k * length] lies, end to end.
+        for j, variable in enumerate(variables):
+          a, b = max(at, starts[j]), min(at + length, starts[j] + self.sizes[j])
+          for box, first, last in _boxes(self.shapes[j], a - starts[j], b - starts[j]):
+            value = gathered[k * length + starts[j] + first - at:
+                             k * length + starts[j] + last - at]
+            wrote = distribution.extended.update(
+                variable, _write_box, args=(tf.reshape(value, [e - s for s, e in box]), box),
+                group=False)
+            done += wrote if isinstance(wrote, (tuple, list)) else [wrote]
 
   def _scattered(self, grads, replica: int, launcher):
     """Replica `replica`'s shard of the sum of every replica's `grads`, reduce-scattered a piece
@@ -333,6 +358,55 @@ class _Shards:
       for component in self.strategy.experimental_local_results(self.slots[name].value):
         replica = self.replica_of[tf.DeviceSpec.from_string(component.device).to_string()]
         component.assign(whole[replica * self.size:(replica + 1) * self.size])
+
+
+def _write_box(variable, value, box):
+  """`variable[box] = value` in place (TensorFlow's strided-slice assignment); returns a tensor
+  that follows the write."""
+  handle = getattr(variable, "handle", None)
+  if handle is None:  # A Keras variable: its TensorFlow variable.
+    handle = variable.value.handle
+  if not box:  # A scalar.
+    wrote = tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+  else:
+    wrote = tf.raw_ops.ResourceStridedSliceAssign(
+        ref=handle, begin=tf.constant([s for s, _ in box], tf.int64),
+        end=tf.constant([e for _, e in box], tf.int64), strides=tf.ones([len(box)], tf.int64),
+        value=value)
+  with tf.control_dependencies([wrote]):
+    return tf.constant(0)
+
+
+def _boxes(shape, a: int, b: int) -> list:
+  """Elements [a, b) of an array of `shape` (row-major) as boxes: [(box, first, last)], box a
+  [(begin, end)] per axis holding the elements [first, last) of the range. Pure.
+
+  >>> _boxes((2, 3), 1, 5)
+  [([(0, 1), (1, 3)], 1, 3), ([(1, 2), (0, 2)], 3, 5)]
+  """
+  if a >= b:
+    return []
+  if not shape:
+    return [([], a, b)]
+  inner = int(np.prod(shape[1:]))
+  first_row, end_row = a // inner, -(-b // inner)
+
+  def within(row, lo, hi):  # Elements [lo, hi) of one row, as boxes of the row's axes.
+    return [([(row, row + 1), *box], row * inner + f, row * inner + l)
+            for box, f, l in _boxes(shape[1:], lo, hi)]
+  if end_row - first_row == 1:
+    return within(first_row, a - first_row * inner, b - first_row * inner)
+  out = []
+  if a % inner:
+    out += within(first_row, a % inner, inner)
+    first_row += 1
+  whole_end = b // inner
+  if whole_end > first_row:
+    out.append(([(first_row, whole_end), *[(0, n) for n in shape[1:]]], first_row * inner,
+                whole_end * inner))
+  if b % inner:
+    out += within(whole_end, 0, b % inner)
+  return out
 
 
 def _made_by(optimizer, build, key=lambda ref: None) -> dict:
