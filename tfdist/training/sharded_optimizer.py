@@ -52,8 +52,8 @@ PIECE_BYTES = 1 << 20
 this many bytes at a time (one collective of N such pieces, each after the one before), so one
 piece's buffers live at once. A step's transient bytes per process (2 MWMS workers, 8.04 MiB of
 weights, `tests/programs/step_peak.py`): stage 1 28.1 MiB whole, 20.1 in 1 MiB pieces; stage 2
-28.1 and 20.3-22.1 (unsharded 16.1). 256 KiB pieces measured as 1 MiB's, with 4x the
-collectives."""
+28.1 and 20.3-22.1 (unsharded 16.1). In 256 KiB pieces 20.1 and 20.6-21.2 with 4x the
+collectives; in 64 KiB stage 1 rose to 28.0."""
 SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Lion")
 
 
