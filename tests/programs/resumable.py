@@ -13,7 +13,10 @@ HANG_MARKER=PATH, worker-1 of a first attempt (no PATH yet) blocks for good in a
 step s of epoch e (`block_forever`); HANG_IN=epoch_end blocks it in `on_epoch_end` of epoch e
 instead, HANG_IN=input in its input (the data then come from `tf.data.Dataset.from_generator`,
 unshuffled: `train_plain(generator=True)` is its reference) when it draws batch s of epoch e.
-With SLOW_EPOCH_END=S the first task's first `on_epoch_end` takes S seconds. A sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, what
+With SLOW_EPOCH_END=S the first task's first `on_epoch_end` takes S seconds. With
+LATE_STACKS=S a task whose fit goes S seconds without a batch's or an epoch's end after its
+first epoch, its end included, writes every thread's stack to its log (faulthandler). A
+sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, what
 this task held beyond the weights (every variable of the process)."""
 
 import json
@@ -92,6 +95,17 @@ def block_forever():
   threading.Event().wait()
 
 
+def _late_stacks(arm: bool = True) -> None:
+  """(Re)arms LATE_STACKS's dump of every thread's stack, or cancels it."""
+  import faulthandler
+  if not os.environ.get("LATE_STACKS"):
+    return
+  if arm:
+    faulthandler.dump_traceback_later(float(os.environ["LATE_STACKS"]), exit=False)
+  else:
+    faulthandler.cancel_dump_traceback_later()
+
+
 class Progress:
   def __new__(cls, task):
     import keras
@@ -99,6 +113,7 @@ class Progress:
 
     def end(epoch, logs):
       print(f"EPOCH_END {epoch}", flush=True)
+      _late_stacks(arm=epoch > 0)  # Not over the first epoch's designed slow end.
       if os.environ.get("HANG_IN") == "epoch_end" and _hangs_here(task, epoch, 0):
         block_forever()
       if task in ("worker-0", "local") and epoch == 0:
@@ -109,6 +124,7 @@ class Progress:
     position = {"epoch": 0}
 
     def batch_end(batch, logs):
+      _late_stacks(arm=position["epoch"] > 0)
       if os.environ.get("STEP_LINES") and task in ("worker-0", "local"):
         print(f"STEP {position['epoch']} {batch + 1}", flush=True)
         time.sleep(0.2)  # A call that takes time, as a real model's does.
@@ -137,6 +153,7 @@ if __name__ == "__main__":
   csv = [keras.callbacks.CSVLogger(os.environ["CSV_LOG"])] if "CSV_LOG" in os.environ else []
   task = f"{config.task.type}-{config.task.index}" if config.task else "local"
   model = train(config, [Progress(task), *csv], task)
+  _late_stacks(arm=False)
   if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
     from tfdist.testing import held_beyond_weights
     print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)
