@@ -5,6 +5,7 @@ declared (`tfdist.progress.Collective`), so a new one cannot escape the watch.""
 
 import json
 import re
+import warnings
 
 import pytest
 
@@ -28,6 +29,9 @@ def test_a_slow_run_and_a_slow_epoch_end_are_never_named(tmp_path):
            "LATE_STACKS": "15"})
   assert code == 0, output[-4000:]
   assert "hang:" not in output, output[-4000:]
+  for log in sorted((tmp_path / "logs").glob("worker-*.log")):  # Shown in the warnings' summary.
+    if "Thread 0x" in log.read_text():
+      warnings.warn(f"a late end of fit in {log.name}:\n{log.read_text()[-6000:]}")
 
 
 def test_a_worker_blocked_in_its_own_loop_is_named_and_the_restart_finishes(tmp_path):
