@@ -31,7 +31,7 @@ SIZES = [2 ** k for k in range(12, 26, 2)]  # 4 KiB .. 32 MiB of float32
 def train(config):
   x, y = common.data(int(os.environ.get("SAMPLES", "16384")))
   timer = common.EpochTimer()
-  steps_peak = _StepsPeak() if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else None
+  steps_peak = _steps_peak() if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else None
   history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
                        callbacks=[timer] + ([steps_peak] if steps_peak else []), verbose=0,
                        shuffle=False)
@@ -45,7 +45,7 @@ def train(config):
               [f"STEPS_PEAK_BYTES {steps_peak.peak}"] if steps_peak else [])
 
 
-def _StepsPeak():
+def _steps_peak():
   """A Keras callback: the allocator's peak over the second epoch's steps (their buffers, and
   what the process holds between them), reset at its start: the first traced and built."""
   import keras

@@ -353,7 +353,7 @@ def test_a_reader_of_the_parameter_server_stream_holds_at_most_three_batches_of_
 def test_a_pass_ends_for_its_reader_soon_after_its_last_batch():
   """A reader learns that its pass ended when it next asks the dispatcher about the job. At
   TensorFlow's own interval (the public `from_dataset_id`) that is a second after the job
-  began: 5 short passes take 4 s or more (that half fails once TensorFlow ends passes sooner by
+  began: 3 short passes take 2.4 s or more (that half fails once TensorFlow ends passes sooner by
   itself: then `reading.TASK_REFRESH_MS` can go). tfdist's readers (`reading._passes`) ask every
   0.1 s: the same passes in under 0.6 s each, in at least one of 5 tries (a loaded machine may
   stall some; nothing but the refresh makes TensorFlow's floor)."""

@@ -346,9 +346,8 @@ def test_stage_2_in_pieces_equals_plain_keras(tmp_path, replicas_as):
   done = subprocess.run(program, env=ENV, cwd=REPO, capture_output=True, text=True,
                         timeout=240)
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-  found = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines()
-               if line.rsplit(" ", 1)[0].endswith(("WEIGHT_BYTES", "MAX_DIFF")))
-  found = {key.rsplit(" ", 1)[-1]: value for key, value in found.items()}
+  found = {words[-2]: words[-1] for words in map(str.split, done.stdout.splitlines())
+           if words[-2:-1] in (["WEIGHT_BYTES"], ["MAX_DIFF"])}  # "[worker-0] " launched.
   shard = int(found["WEIGHT_BYTES"]) / 2
   assert shard > 3 * sharded_optimizer.PIECE_BYTES, shard  # Several pieces.
   assert float(found["MAX_DIFF"]) < 1e-5, done.stdout[-3000:]

@@ -18,8 +18,9 @@ Stage 2 (`gradients=True`, `training.shard_gradients`): Keras's all-reduce of th
 left out, and each replica gets its shard of their sum by a reduce-scatter
 (`tfdist.training.reduce_scatter`: TensorFlow's AllToAll, summed as its ring all-reduce sums):
 the reduced gradients take 1/N of the bytes, and a replica sends (N-1)/N of them instead of
-2(N-1)/N. The shard is reduce-scattered in pieces (`PIECE_BYTES`), one after another. The shards are cut as TensorFlow's ring cuts its chunks (`reduce_scatter.shard_size`)
-in both stages, so either resumes the other's files.
+2(N-1)/N. The shard is reduce-scattered in pieces (`PIECE_BYTES`), one after another. The
+shards are cut as TensorFlow's ring cuts its chunks (`reduce_scatter.shard_size`) in both
+stages, so either resumes the other's files.
 
 Files stay whole: the optimizer saves and loads its variables in the order and shapes the
 unsharded optimizer has (each slot gathered from its shards), so `model.save`, ModelCheckpoint
@@ -44,9 +45,6 @@ import tensorflow as tf
 import tfdist.progress as progress
 from tfdist.training import reduce_scatter
 
-# Optimizers whose update is elementwise in every variable: an update of the flat shard is the
-# unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
-# Nadam and Muon keep per-step state outside `update_step`.)
 PIECE_BYTES = 1 << 20
 """Each replica's shard is reduce-scattered (stage 2) and gathered into the weights (both stages)
 this many bytes at a time (one collective of N such pieces, each after the one before), so one
@@ -54,6 +52,10 @@ piece's buffers live at once. A step's transient bytes per process (2 MWMS worke
 weights, `tests/programs/step_peak.py`): stage 1 28.1 MiB whole, 20.1 in 1 MiB pieces; stage 2
 28.1 and 20.3-22.1 (unsharded 16.1). In 256 KiB pieces 20.1 and 20.6-21.2 with 4x the
 collectives; in 64 KiB stage 1 rose to 28.0."""
+
+# Optimizers whose update is elementwise in every variable: an update of the flat shard is the
+# unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
+# Nadam and Muon keep per-step state outside `update_step`.)
 SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Lion")
 
 
@@ -243,8 +245,7 @@ class _Shards:
     of the weights is made."""
     starts = np.cumsum([0, *self.sizes])
     done = []
-    for begin in range(0, self.size, self.piece):
-      length = min(self.piece, self.size - begin)
+    for begin, length in self._spans():
       with tf.control_dependencies(done):
         gathered = self._gather(distribution, [shard[begin:begin + length] for shard in local])
       done = []
@@ -265,14 +266,18 @@ class _Shards:
     at a time: piece i of each replica's shard in one all-to-all, each after the one before, so
     one piece's buffers live at once and no whole-size copy of the gradients is made."""
     pieces, done = [], []
-    for begin in range(0, self.size, self.piece):
-      length = min(self.piece, self.size - begin)
+    for begin, length in self._spans():
       with tf.control_dependencies(done):
         flat = tf.concat([self._range(grads, k * self.size + begin, length)
                           for k in range(self.replicas)], 0)
       done = [reduce_scatter.reduce_scatter(launcher, flat, replica, self.replicas)]
       pieces.append(done[0])
     return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
+
+  def _spans(self):
+    """(begin, length) of each piece of a shard (`PIECE_BYTES`), in order."""
+    return [(begin, min(self.piece, self.size - begin))
+            for begin in range(0, self.size, self.piece)]
 
   def _slice(self, tensors, replica: int):
     """Replica `replica`'s shard of `tensors` laid end to end (padded with zeros)."""
