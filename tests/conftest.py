@@ -1,3 +1,4 @@
+import contextlib
 import os
 import pathlib
 import signal
@@ -19,6 +20,11 @@ _GPUS = "TFDIST_SUITE_GPUS"
 os.environ.setdefault(_GPUS, ",".join(facts.visible_gpus()))
 GPUS = [name for name in os.environ[_GPUS].split(",") if name]
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Loopback only, for Ray's head, the launchers and these processes (read when Ray is imported):
+# Ray otherwise binds every interface and names the node by its outward address. Set here, with
+# the suite's other variables, before the shared preloaded server starts with them.
+RAY_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+os.environ.update(RAY_LOOPBACK)
 
 
 def gpu_env() -> dict:
@@ -30,6 +36,36 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "gpu: needs a GPU (run with -m gpu); skipped without one")
   if not hasattr(config, "workerinput"):  # The controller: pytest-xdist's workers inherit it.
     flag_coverage.start()
+  if _runs_tests(config):
+    _start_shared_preload()
+
+
+def _runs_tests(config) -> bool:
+  """Whether this process runs tests: a pytest-xdist worker, or the one process without it."""
+  return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+
+
+# One preloaded TensorFlow per test process for every `tfdist launch` the tests start
+# (`preload.Shared`): each launch forks its tasks from it instead of importing TensorFlow in a
+# server of its own (4-5 CPU-s a launch, 2026-11-28). A launch that may not use it (another
+# environment, a network namespace, a resource limit) starts its own, as users' launches do;
+# tests/test_preload.py runs both kinds.
+_SHARED = []
+
+
+def _start_shared_preload() -> None:
+  import tempfile
+  from tfdist.machine import preload
+  path = os.path.join(tempfile.gettempdir(), f"tfdist-preload-{os.getpid()}.sock")
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(path)  # A server of a process this pid once was, killed -9.
+  _SHARED.append(preload.Shared(path))
+  os.environ[preload.SHARED_ENV] = path
+
+
+def _stop_shared_preload() -> None:
+  while _SHARED:
+    _SHARED.pop().close()
 
 
 # Every process the suite starts inherits this mark (tests pass os.environ on), so the checks
@@ -86,6 +122,7 @@ def _start_real_slurm(config, run: str) -> None:
 
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run when a process the suite started (a fixture's, say) is still alive."""
+  _stop_shared_preload()
   for run in _BACKGROUND:
     slurm_run.stop(run)
   if not hasattr(session.config, "workerinput"):
@@ -218,3 +255,8 @@ def write_config(tmp_path):
     path.write_text(text)
     return path
   return write
+
+
+def pytest_unconfigure(config):
+  del config
+  _stop_shared_preload()  # Where the session never finished (a usage error).

@@ -77,6 +77,26 @@ def test_a_holder_that_is_gone_is_taken_over(tmp_path, live_process):
   held.release()
 
 
+def test_a_holder_killed_but_not_yet_reaped_is_gone(tmp_path):
+  """A task killed -9 whose parent died too waits, a zombie, for an init to reap it (this
+  container's took 1-2 s): the kernel still answers `kill(pid, 0)` for it, yet it holds
+  nothing (seen: a relaunch within a second of a kill -9 was refused)."""
+  import socket
+  zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # Not reaped until `wait`.
+  try:
+    deadline = time.monotonic() + 30
+    while open(f"/proc/{zombie.pid}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+      assert time.monotonic() < deadline, "the child never ended"
+      time.sleep(0.05)
+    os.kill(zombie.pid, 0)  # The kernel's answer: it exists.
+    _write(tmp_path, job="cluster-0123", run="killed", host=socket.gethostname(),
+           pid=zombie.pid, heartbeat=time.time())
+    held = lease.hold(_config(tmp_path), environ={"TFDIST_RUN": "relaunch"})
+    held.release()
+  finally:
+    zombie.wait()
+
+
 def _launch(cwd, config, out, *, env=None, logs=None):
   return subprocess.Popen(
       [sys.executable, "-m", "tfdist", "launch", str(config),

@@ -1,13 +1,16 @@
 """Tasks forked from the preloaded TensorFlow (`tfdist.machine.preload`), against the reference
 they stand in for: the same program run by a fresh interpreter."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
+import psutil
 import pytest
 
 from tests.conftest import CONFIGS, PROGRAMS, REPO
@@ -18,19 +21,51 @@ from tfdist.machine import preload
 FACTS = str(PROGRAMS / "interpreter_facts.py")
 
 
+CLIENT = str(PROGRAMS / "preload_client.py")
+SLEEPER = "import os, time\nprint('up', os.getppid(), flush=True)\ntime.sleep(60)\n"
+
+
 @pytest.fixture(scope="module")
-def server():
-  s = preload.Preloaded()
+def shared():
+  """The suite's shared server of this test process (tests/conftest.py), which every launch
+  the tests start may use: its `path` and `pid`."""
+  path = os.environ[preload.SHARED_ENV]
+  pid = next(p.pid for p in psutil.process_iter(["cmdline"])
+             if (p.info["cmdline"] or [])[-2:] == ["--at", path])
+  return types.SimpleNamespace(path=path, pid=pid)
+
+
+@pytest.fixture(scope="module", params=["own", "shared"])
+def server(request):
+  """A launch's side: forking from a server of its own, or from a shared one."""
+  s = _Asking(request.getfixturevalue("shared").path if request.param == "shared" else None)
   yield s
-  s.close()
+  assert s.client.shared == (request.param == "shared"), s.client.declined
+  s.client.close()
+
+
+class _Asking:
+  """`preload.Preloaded` asked with the shared server's path in each task's environment (or
+  none: its own server)."""
+
+  def __init__(self, path):
+    self.client, self._path = preload.Preloaded(), path
+
+  def start(self, argv, env, cwd=None):
+    env = {k: v for k, v in env.items() if k != preload.SHARED_ENV}
+    return self.client.start(argv, {**env, **({preload.SHARED_ENV: self._path}
+                                              if self._path else {})}, cwd=cwd)
+
+
+def _base_env():
+  return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # Per test.
 
 
 def _env(tmp_path, **extra):
   del tmp_path
-  environ = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # Per test.
-  return {**environ, "PYTHONPATH": os.pathsep.join([SCRIPT_HOOK, str(REPO)]),
+  return {**_base_env(), "PYTHONPATH": os.pathsep.join([SCRIPT_HOOK, str(REPO)]),
           "TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_CONFIG": str(CONFIGS / "default.yaml"),
-          "FACT_TASK": "one", **extra}
+          **extra}
 
 
 def _fresh(argv, env, cwd):
@@ -98,21 +133,73 @@ def test_a_signal_ends_a_forked_task_as_it_ends_a_process(server, tmp_path):
   assert task.wait(timeout=30) == reference.wait(timeout=30) == -signal.SIGTERM
 
 
-def test_a_server_killed_takes_its_tasks_with_it(tmp_path):
-  s = preload.Preloaded()
-  program = tmp_path / "sleeps.py"
-  program.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
-  task = s.start([sys.executable, str(program)], _env(tmp_path))
-  assert task.stdout.readline() == b"up\n"
-  os.kill(s._server.pid, signal.SIGKILL)  # noqa: SLF001  As an OOM kill would.
-  assert task.wait(timeout=30) == -signal.SIGKILL
-  deadline = time.monotonic() + 10
-  while time.monotonic() < deadline and os.path.exists(f"/proc/{task.pid}"):
+def _gone(pid, within=10):
+  """Whether process `pid` is gone (or a zombie) within `within` seconds."""
+  deadline = time.monotonic() + within
+  while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+    with contextlib.suppress(FileNotFoundError):
+      if "zombie" in open(f"/proc/{pid}/status").read():
+        return True
     time.sleep(0.1)
-  status = open(f"/proc/{task.pid}/status").read() if os.path.exists(
-      f"/proc/{task.pid}") else "gone"
-  assert status == "gone" or "zombie" in status
-  s.close()
+  return not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.parametrize("kind", ["own", "shared"])
+def test_a_server_killed_takes_its_tasks_with_it(tmp_path, kind):
+  program = tmp_path / "sleeps.py"
+  program.write_text(SLEEPER)
+  s = preload.Shared(str(tmp_path / "preload.sock"), env=_env(tmp_path)) \
+      if kind == "shared" else None
+  asking = _Asking(s.path if s else None)
+  task = asking.start([sys.executable, str(program)], _env(tmp_path))
+  assert task.stdout.readline().startswith(b"up") and asking.client.shared == bool(s)
+  os.kill((s or asking.client._server).pid, signal.SIGKILL)  # noqa: SLF001  As an OOM kill.
+  assert task.wait(timeout=30) == -signal.SIGKILL
+  assert _gone(task.pid)
+  asking.client.close()
+  if s:
+    s.close()
+
+
+def test_a_launch_killed_9_takes_its_shared_servers_tasks_not_anothers(shared, tmp_path):
+  (tmp_path / "sleeps.py").write_text(SLEEPER)
+  env = {**_env(tmp_path), preload.SHARED_ENV: shared.path}
+  launches = [subprocess.Popen([sys.executable, CLIENT, str(tmp_path / "sleeps.py")], env=env,
+                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
+  started = [json.loads(launch.stdout.readline()) for launch in launches]
+  ups = [launch.stdout.readline().split() for launch in launches]
+  assert all(s["shared"] for s in started) and ups == [["up", str(shared.pid)]] * 2, (started,
+                                                                                     ups)
+  launches[0].kill()  # As a host's launcher killed -9: its connection closes with it.
+  launches[0].wait()
+  assert _gone(started[0]["task"]), "a killed launch's task outlived it"
+  assert launches[1].poll() is None and not _gone(started[1]["task"], within=1)
+  os.kill(started[1]["task"], signal.SIGTERM)
+  assert launches[1].wait(timeout=30) == 0 and not _gone(shared.pid, within=0)
+
+
+@pytest.mark.parametrize("differs", ["environment", "resource limit"])
+def test_a_launch_the_shared_server_could_not_stand_for_forks_from_its_own(shared, tmp_path,
+                                                                           differs):
+  """A shared server's task would inherit the server's limits, namespaces and environment, not
+  its launch's: such a launch starts its own server (the task's parent is not the shared one)."""
+  import resource
+  (tmp_path / "sleeps.py").write_text(SLEEPER.replace("60", "0"))
+  env = {**_env(tmp_path), preload.SHARED_ENV: shared.path}
+  limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if differs == "environment":
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"  # Read by TensorFlow's import.
+  launch = subprocess.run(
+      [sys.executable, CLIENT, str(tmp_path / "sleeps.py")], env=env, capture_output=True,
+      text=True, timeout=120, preexec_fn=None if differs == "environment" else
+      lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit[0] - 1, limit[1])))
+  assert launch.returncode == 0, launch.stderr
+  started, up = launch.stdout.splitlines()[:2]
+  started = json.loads(started)
+  assert not started["shared"] and up.split()[0] == "up", launch.stdout
+  assert started["declined"] == ("TF_ENABLE_ONEDNN_OPTS" if differs == "environment" else
+                                 "its limits"), started
+  assert up.split()[1] != str(shared.pid)
 
 
 @pytest.mark.parametrize("argv", [
@@ -136,20 +223,24 @@ def test_an_environment_differing_in_more_than_the_per_task_variables_is_not_for
   assert not preload.same_but_per_task({"PATH": "/bin"}, preloaded)
 
 
-@pytest.mark.parametrize("flags,parent", [
-    ((), "preload.py"), (("--preload", "on"), "preload.py"), (("--preload", "off"), "tfdist")])
-def test_launch_forks_python_tasks_from_the_preloaded_server_unless_told_not_to(tmp_path, flags,
-                                                                                parent):
+@pytest.mark.parametrize("flags,parent,shared_at", [
+    ((), "preload.py --at", True), ((), "preload.py", False),
+    (("--preload", "on"), "preload.py --at", True), (("--preload", "off"), "tfdist", True)])
+def test_launch_forks_python_tasks_from_the_preloaded_server_unless_told_not_to(
+    tmp_path, shared, flags, parent, shared_at):
   program = tmp_path / "parent.py"
   program.write_text("import os\nprint('parent:', open(f'/proc/{os.getppid()}/cmdline')"
                      ".read().replace(chr(0), ' '))\n")
+  env = {k: v for k, v in ENV.items() if k not in (preload.SHARED_ENV, "PYTEST_CURRENT_TEST")}
   result = subprocess.run(
       [sys.executable, "-m", "tfdist", "launch", str(CONFIGS / "default.yaml"), "--logs",
        str(tmp_path / "logs"), *flags, "--", sys.executable, str(program)],
-      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+      cwd=REPO, env={**env, **({preload.SHARED_ENV: shared.path} if shared_at else {})},
+      capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   line = next(line for line in result.stdout.splitlines() if "parent:" in line)
-  assert parent in line.split("parent:")[1], line
+  assert parent in line.split("parent:")[1] and ("--at" in line) == ("--at" in parent), \
+      (line, result.stderr)
 
 
 @pytest.mark.parametrize("flags,said", [(("--preload", "on"), True), ((), False)])

@@ -21,13 +21,9 @@ import portpicker
 import psutil
 import pytest
 
-from tests.conftest import PROGRAMS, REPO
+from tests.conftest import PROGRAMS, RAY_LOOPBACK as LOOPBACK, REPO
 from tests.launching import ENV, finish, read_until, running, start_launch
 
-# Loopback only, for the head, the launchers and this process (read when Ray is imported): Ray
-# otherwise binds every interface and names the node by its outward address.
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-os.environ.update(LOOPBACK)
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # In-process references: the suite's devices.

@@ -28,7 +28,9 @@ def start_as_child() -> None:
 
 
 def alive(pid: int) -> bool:
-  """Whether process `pid` of this host is alive (one of another user's counts as alive)."""
+  """Whether process `pid` of this host is alive (one of another user's counts as alive; a
+  zombie, dead but not yet reaped by its parent, does not: a container's init may take its
+  time to reap an orphan killed -9)."""
   if pid <= 0:
     return False
   try:
@@ -37,4 +39,8 @@ def alive(pid: int) -> bool:
     return False
   except PermissionError:
     return True
-  return True
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(") ", 1)[1][:1] != "Z"
+  except (OSError, IndexError):
+    return True  # No /proc: what kill(0) said.

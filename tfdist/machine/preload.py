@@ -15,6 +15,14 @@ A command that is not such a program (another interpreter, `python -c`, interpre
 shell), or whose environment differs from the preloaded one in more than the per-task variables
 (`PER_TASK`: read after the import), starts as its own process, as without preloading.
 
+A server is a launch's own (its child, ended with it) or shared by many launches (`Shared`,
+found at `TFDIST_PRELOAD_SERVER`: a test suite that launches hundreds of times imports
+TensorFlow once per test process, not once per launch). A shared server forks a launch's task
+only where the task would be the same as one its launch forked itself: the same environment but
+for the per-task variables, the same namespaces, control groups, resource limits, user and CPU
+affinity (`context`), else the launch starts its own server; a launch's tasks are killed when its
+connection closes (the launcher ended or died), as its own server's tasks die with it.
+
 The server runs this file as a script (`serve`): it never imports tfdist, so a task imports
 tfdist itself as its own interpreter would. Takes: nothing of tfdist's. Never imports: any room.
 
@@ -44,9 +52,18 @@ PER_TASK = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "P
 cluster, the GPUs at the runtime's start), and `sys.path` is made from PYTHONPATH per task. So
 may every `TFDIST_` variable (tfdist is imported in the task)."""
 
+UNREAD = ("PYTEST_CURRENT_TEST",)
+"""Variables that may differ because no import reads them (pytest's name of the running test,
+which changes with each test while a shared server lives)."""
+
+SHARED_ENV = "TFDIST_PRELOAD_SERVER"
+"""The socket path of a `Shared` server; a launch whose first task's environment has it forks
+its tasks there when it may (`Preloaded.start`)."""
+
 _HOOKED = ("tensorflow", "keras")
 _PREPARE_ENV = "TFDIST_PREPARE"  # `tfdist.config.loader.PREPARE_ENV`, named here: no import.
 _MESSAGE = 1 << 20
+_JOIN_S = 120  # A shared server's import on a busy machine; then this launch starts its own.
 
 
 def forkable(argv: Sequence[str], env: Mapping[str, str], python: str = sys.executable) -> bool:
@@ -69,12 +86,26 @@ def forkable(argv: Sequence[str], env: Mapping[str, str], python: str = sys.exec
   return bool(rest) and not rest[0].startswith("-")
 
 
-def same_but_per_task(env: Mapping[str, str], preloaded: Mapping[str, str]) -> bool:
+def same_but_per_task(env: Mapping[str, str], preloaded: Mapping[str, str],
+                      imported: Mapping[str, str] | None = None) -> bool:
   """Whether `env` differs from the preloaded server's `preloaded` environment only in
-  `PER_TASK` and `TFDIST_` variables. Pure."""
+  `PER_TASK`, `UNREAD` and `TFDIST_` variables, and in those its import of TensorFlow set
+  (`imported`: `TF2_BEHAVIOR`, `KMP_INIT_AT_FORK`, ...), which `env` may have as set. Pure.
+
+  >>> same_but_per_task({"TF2_BEHAVIOR": "1"}, {}, imported={"TF2_BEHAVIOR": "1"})
+  True
+  """
+  return not differing(env, preloaded, imported)
+
+
+def differing(env: Mapping[str, str], preloaded: Mapping[str, str],
+              imported: Mapping[str, str] | None = None) -> list[str]:
+  """The variables for which `same_but_per_task` fails, sorted. Pure."""
+  imported = imported or {}
   keys = {k for k in set(env) | set(preloaded)
-          if k not in PER_TASK and not k.startswith("TFDIST_")}
-  return all(env.get(k) == preloaded.get(k) for k in keys)
+          if k not in PER_TASK + UNREAD and not k.startswith("TFDIST_")}
+  return sorted(k for k in keys if not (env.get(k) in (None, imported[k]) if k in imported
+                                        else env.get(k) == preloaded.get(k)))
 
 
 class ForkedTask:
@@ -106,10 +137,36 @@ class ForkedTask:
     self.send_signal(signal.SIGKILL)
 
 
+def context() -> dict:
+  """What a forked task inherits from its server, not from the launch that asked for it, and
+  must be the launch's: the interpreter, user, namespaces, control groups, resource limits,
+  CPU affinity and umask, as JSON would carry them. Pure but for reading this process."""
+  import resource
+  namespaces = {}
+  for name in ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup"):
+    with contextlib.suppress(OSError):
+      namespaces[name] = os.stat(f"/proc/self/ns/{name}").st_ino
+  try:
+    with open("/proc/self/cgroup") as f:
+      cgroups = f.read()
+  except OSError:
+    cgroups = ""
+  mask = os.umask(0)
+  os.umask(mask)
+  return json.loads(json.dumps({
+      "python": os.path.realpath(sys.executable), "ids": [os.getuid(), os.getgid(),
+                                                          sorted(os.getgroups())],
+      "namespaces": namespaces, "cgroups": cgroups, "umask": mask,
+      "affinity": sorted(os.sched_getaffinity(0)),
+      "limits": {name: resource.getrlimit(getattr(resource, name))
+                 for name in sorted(dir(resource)) if name.startswith("RLIMIT_")}}))
+
+
 class Preloaded:
-  """A fork server with TensorFlow and Keras imported, started at its first `start` with the
-  environment of that task (less its `PER_TASK` variables), ended by `close` or with this
-  process (it and its tasks die with their parent)."""
+  """A fork server with TensorFlow and Keras imported: the `Shared` one the first task's
+  environment names (`SHARED_ENV`) where it may fork this launch's tasks, else one of this
+  launch's own, started at its first `start` with the environment of that task (less its
+  `PER_TASK` variables). Ended by `close` or with this process: its tasks die with it."""
 
   def __init__(self, python: str = sys.executable):
     self._python = python
@@ -120,7 +177,12 @@ class Preloaded:
     self._server = self._socket = None
     self._alive = False
     self._env: dict[str, str] | None = None
+    self._imported: dict[str, str] = {}
     self.failed = False
+    self.shared = False
+    self.declined: str | None = None
+    """Why the shared server could not fork this launch's tasks: the context's parts and the
+    variables that differ (see `differing`); None where it could, or none was named."""
 
   def start(self, argv: Sequence[str], env: Mapping[str, str],
             cwd: str | None = None) -> ForkedTask | None:
@@ -140,9 +202,9 @@ class Preloaded:
     if self.failed or not forkable(argv, env, self._python):
       return None
     with self._lock:
-      if self._server is None:
+      if self._socket is None and not self._join(env.get(SHARED_ENV), env):
         self._open(env)
-      if not same_but_per_task(env, self._env):
+      if not same_but_per_task(env, self._env, self._imported):
         return None
       read, write = os.pipe()
       try:
@@ -169,17 +231,46 @@ class Preloaded:
       return task
 
   def close(self) -> None:
-    """Ends the server (its tasks were stopped by their launch; any left die with it)."""
-    if self._server is None:
+    """Ends this launch's server, or its connection to a shared one (its tasks were stopped by
+    their launch; any left die with it)."""
+    if self._socket is None:
       return
     with contextlib.suppress(OSError):
       self._socket.shutdown(socket.SHUT_RDWR)
     self._socket.close()
+    if self._server is None:
+      return
     try:
       self._server.wait(timeout=5)
     except subprocess.TimeoutExpired:
       self._server.kill()
       self._server.wait()
+
+  def _join(self, path: str | None, env: dict[str, str]) -> bool:
+    """Connects to the shared server at `path` if it may fork these tasks (its environment
+    and `context` are theirs); waits out its import, at most `_JOIN_S`."""
+    if not path:
+      return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+      sock.settimeout(_JOIN_S)
+      sock.connect(path)
+      hello = json.loads(sock.recv(_MESSAGE) or b"{}")
+      sock.settimeout(None)
+    except (OSError, ValueError):
+      sock.close()
+      return False
+    ours = context()
+    self.declined = ", ".join(
+        [f"its {k}" for k in sorted(ours) if hello.get("context", {}).get(k) != ours[k]] +
+        differing(env, hello.get("env", {}), hello.get("imported"))) or None
+    if self.declined:
+      sock.close()
+      return False
+    self._env, self._imported = hello["env"], hello["imported"]
+    self._socket, self._alive, self.shared = sock, True, True
+    threading.Thread(target=self._listen, daemon=True, name="tfdist-preload").start()
+    return True
 
   def _open(self, env: dict[str, str]) -> None:
     from tfdist.machine import children  # Below every room, as this file.
@@ -226,41 +317,124 @@ class Preloaded:
     return None
 
 
+class Shared:
+  """A preloaded server that many launches share: started now, listening at `path`, used by
+  each launch whose tasks' environment has `SHARED_ENV` = `path` and may be forked there (see
+  the module's text); ended by `close` or with this process. For a test suite that launches
+  many times (tfdist's own: one per test process): each launch skips its own server's import
+  of TensorFlow (4-5 CPU-s) and its teardown.
+
+  Args:
+    path: the socket's path, a file this creates (Unix sockets take about 100 characters).
+    env: its environment, the one the launches' tasks have but for the per-task variables;
+      None: this process's (less `UNREAD`).
+    python: the interpreter the launches' tasks name.
+
+  Example:
+
+  ```python
+  server = preload.Shared("/tmp/preload.sock")
+  os.environ[preload.SHARED_ENV] = server.path   # each `tfdist launch` started from here
+  ...
+  server.close()
+  ```
+  """
+
+  def __init__(self, path: str, env: Mapping[str, str] | None = None,
+               python: str = sys.executable):
+    from tfdist.machine import children
+    self.path = path
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in UNREAD}
+    self._process = subprocess.Popen(
+        [python, os.path.abspath(__file__), "--at", path], env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=children.start_as_child)
+    while not os.path.exists(path):  # Bound before its import: a launch may connect at once.
+      if self._process.poll() is not None:
+        raise RuntimeError(f"the shared preloaded server ended with {self._process.returncode} "
+                           f"before listening at {path}")
+      threading.Event().wait(0.01)
+
+  @property
+  def pid(self) -> int:
+    return self._process.pid
+
+  def close(self) -> None:
+    """Ends it; the tasks it forked die with it."""
+    self._process.terminate()
+    try:
+      self._process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self._process.kill()
+      self._process.wait()
+    with contextlib.suppress(OSError):
+      os.unlink(self.path)
+
+
 # The server's side: this file run as a script by `Preloaded`. Standard library only, until it
 # imports TensorFlow and Keras.
 
 
-def serve(fd: int) -> None:
-  """Imports TensorFlow and Keras, then forks a task for each request on socket `fd` and says
-  each one's pid and, once reaped, its exit code; ends when the socket closes."""
+def serve(fd: int | None = None, at: str | None = None) -> None:
+  """Imports TensorFlow and Keras, then forks a task for each request and says to its asker
+  each one's pid and, once reaped, its exit code. `fd`: one launch's socket (ends when it
+  closes); `at`: a path where launches connect (each told this server's environment and
+  `context` first; a closed connection's live tasks are SIGKILLed; ends by a signal)."""
   import selectors
+  selector = selectors.DefaultSelector()
+  if at is not None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(at)  # Before the import: a launch may connect now and wait for its hello.
+    listener.listen(64)
+    selector.register(listener, selectors.EVENT_READ, "listener")
+  else:
+    selector.register(socket.socket(fileno=fd), selectors.EVENT_READ)
   path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
   base = [p for p in sys.path if os.path.abspath(p) not in path]
+  env = dict(os.environ)
   import tensorflow  # noqa: F401  What every task would import.
   import keras  # noqa: F401
+  imported = {k: v for k, v in os.environ.items() if env.get(k) != v}  # TF2_BEHAVIOR, ...
+  hello = {"env": env, "imported": imported, "context": context()}
   children = _sibling("children")  # Once here; each forked task calls it.
-  sock = socket.socket(fileno=fd)
-  selector = selectors.DefaultSelector()
-  selector.register(sock, selectors.EVENT_READ)
+  askers: dict[int, socket.socket | None] = {}  # A task's pid: the connection that asked.
   while True:
-    if selector.select(timeout=0.05):
+    for key, _ in selector.select(timeout=0.05):
+      if key.data == "listener":
+        connection, _ = key.fileobj.accept()
+        _send(connection, hello)
+        selector.register(connection, selectors.EVENT_READ)
+        continue
+      connection = key.fileobj
       try:
-        request, fds, _, _ = socket.recv_fds(sock, _MESSAGE, 1)
+        request, fds, _, _ = socket.recv_fds(connection, _MESSAGE, 1)
       except OSError:
         request, fds = b"", []
       if not request:
-        return
+        if at is None:
+          return  # Its tasks die with this server.
+        selector.unregister(connection)
+        connection.close()
+        for pid in [p for p, asker in askers.items() if asker is connection]:
+          askers[pid] = None
+          with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # As a launch's own server's tasks die with it.
+        continue
       try:
-        pid = _fork(json.loads(request), fds[0], base, sock, children)
-        _send(sock, {"pid": pid})
+        sockets = [k.fileobj for k in selector.get_map().values()]
+        pid = _fork(json.loads(request), fds[0], base, imported, sockets, children)
+        askers[pid] = connection
+        _send(connection, {"pid": pid})
       except Exception as e:  # noqa: BLE001  Said to the launcher, which starts it itself.
-        _send(sock, {"error": f"{type(e).__name__}: {e}"})
+        _send(connection, {"error": f"{type(e).__name__}: {e}"})
       finally:
         for fd_ in fds:
           os.close(fd_)
     with contextlib.suppress(ChildProcessError):
       while (ended := os.waitpid(-1, os.WNOHANG))[0]:
-        _send(sock, {"ended": ended[0], "code": os.waitstatus_to_exitcode(ended[1])})
+        asker = askers.pop(ended[0], None)
+        if asker is not None:
+          _send(asker, {"ended": ended[0], "code": os.waitstatus_to_exitcode(ended[1])})
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -278,16 +452,19 @@ def _sibling(name: str):
   return module
 
 
-def _fork(request: dict, out: int, base: list[str], sock: socket.socket, children) -> int:
+def _fork(request: dict, out: int, base: list[str], imported: dict[str, str],
+          sockets: list[socket.socket], children) -> int:
   pid = os.fork()
   if pid:
     return pid
   code = 1
   try:
-    sock.close()
+    for sock in sockets:
+      sock.close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # A shared server's handler is not theirs.
     os.setsid()
     children.start_as_child()  # Dies with the server, which dies with its launcher.
-    code = _run(request, out, base)
+    code = _run(request, out, base, imported)
   except BaseException:  # noqa: BLE001  Before the program ran: said on its output.
     import traceback
     traceback.print_exc()
@@ -298,9 +475,10 @@ def _fork(request: dict, out: int, base: list[str], sock: socket.socket, childre
     os._exit(code)  # noqa: SLF001  Never back into the server's loop.
 
 
-def _run(request: dict, out: int, base: list[str]) -> int:
+def _run(request: dict, out: int, base: list[str], imported: dict[str, str]) -> int:
   """The forked task, made as a fresh interpreter would be, then its program run; its exit
-  code."""
+  code. `imported`: the variables TensorFlow's import set in the server, which the task's own
+  import would have set."""
   import atexit
   import builtins
   import io
@@ -314,7 +492,7 @@ def _run(request: dict, out: int, base: list[str]) -> int:
   env, argv = request["env"], list(request["argv"][1:])
   os.chdir(request["cwd"])
   os.environ.clear()
-  os.environ.update(env)
+  os.environ.update({**imported, **env})
   unbuffered = argv[0] == "-u" or bool(env.get("PYTHONUNBUFFERED"))
   argv = argv[1:] if argv[0] == "-u" else argv
   sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.open(0, "rb", closefd=False))
@@ -410,4 +588,12 @@ def _import_tfdist_after(builtins) -> None:
 
 if __name__ == "__main__":
   del sys.path[0]  # This folder: its modules are not the task's.
-  serve(int(sys.argv[1]))
+  if sys.argv[1] == "--at":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # Its socket's file removed.
+    try:
+      serve(at=sys.argv[2])
+    finally:
+      with contextlib.suppress(OSError):
+        os.unlink(sys.argv[2])
+  else:
+    serve(int(sys.argv[1]))
