@@ -22,9 +22,11 @@ GPUS = [name for name in os.environ[_GPUS].split(",") if name]
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # Loopback only, for Ray's head, the launchers and these processes (read when Ray is imported):
 # Ray otherwise binds every interface and names the node by its outward address. Set here, with
-# the suite's other variables, before the shared preloaded server starts with them.
+# the suite's other variables, before the shared preloaded server starts with them; so is
+# RAY_CLIENT_MODE, which `import ray` sets to 0 when test_ray.py is collected (every launch after
+# differed from the server's environment in it, and started a server of its own).
 RAY_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-os.environ.update(RAY_LOOPBACK)
+os.environ.update(RAY_LOOPBACK, RAY_CLIENT_MODE="0")
 
 
 def gpu_env() -> dict:
@@ -51,6 +53,14 @@ def _runs_tests(config) -> bool:
 # environment, a network namespace, a resource limit) starts its own, as users' launches do;
 # tests/test_preload.py runs both kinds.
 _SHARED = []
+PROGRAM_SWITCHES = (
+    "CHIEF_END_S", "CONFIG", "COORDINATOR_LOG", "CSV_LOG", "GONE", "GONE_AT", "GO_FILE",
+    "HANG_AT", "HANG_IN", "HANG_MARKER", "KILL_AT", "LATE_STACKS", "LOOP", "MARKER", "MIDWAY",
+    "ONCE", "OWN_STEP", "PAUSE", "PAUSE_AFTER_EPOCH", "PAUSE_AT", "PHASE_AUDIT", "RAISE_AT",
+    "SLOW_EPOCH_END", "STAGE", "STEPS", "STEPS_PER_EXECUTION", "STEP_LINES", "TRAIN_STEP")
+"""What tests/programs read of their environment after importing TensorFlow: a test's
+switches, which may differ between launches of one shared server (`preload.Shared`'s
+`per_task`; test_preload checks the list against the programs)."""
 
 
 def _start_shared_preload() -> None:
@@ -59,7 +69,7 @@ def _start_shared_preload() -> None:
   path = os.path.join(tempfile.gettempdir(), f"tfdist-preload-{os.getpid()}.sock")
   with contextlib.suppress(FileNotFoundError):
     os.unlink(path)  # A server of a process this pid once was, killed -9.
-  _SHARED.append(preload.Shared(path))
+  _SHARED.append(preload.Shared(path, per_task=PROGRAM_SWITCHES))
   os.environ[preload.SHARED_ENV] = path
 
 

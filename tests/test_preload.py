@@ -30,8 +30,8 @@ def shared():
   """The suite's shared server of this test process (tests/conftest.py), which every launch
   the tests start may use: its `path` and `pid`."""
   path = os.environ[preload.SHARED_ENV]
-  pid = next(p.pid for p in psutil.process_iter(["cmdline"])
-             if (p.info["cmdline"] or [])[-2:] == ["--at", path])
+  pid = min(p.pid for p in psutil.process_iter(["cmdline"])  # Its forked tasks come after.
+            if path in (p.info["cmdline"] or []) and "--at" in p.info["cmdline"])
   return types.SimpleNamespace(path=path, pid=pid)
 
 
@@ -92,7 +92,7 @@ def test_a_forked_program_sees_and_ends_as_under_a_fresh_interpreter(server, tmp
   results = {}
   for how, run in (("fresh", _fresh), ("forked", lambda *a: _forked(server, *a))):
     (tmp_path / "left_open.txt").unlink(missing_ok=True)
-    env = _env(tmp_path, TFDIST_PREPARE="1")
+    env = _env(tmp_path, TFDIST_PREPARE="1", TMPDIR=str(tmp_path))  # Not the server's.
     results[how] = run([sys.executable, FACTS, end], env, str(tmp_path))
     results[how] += ((tmp_path / "left_open.txt").read_text(),)
   (fresh_code, fresh_out, fresh_file), (forked_code, forked_out, forked_file) = \
@@ -100,7 +100,7 @@ def test_a_forked_program_sees_and_ends_as_under_a_fresh_interpreter(server, tmp
   assert forked_code == fresh_code == code, (fresh_out, forked_out)
   fresh, forked = _facts(fresh_out), _facts(forked_out)
   assert fresh.pop("numpy_draw") != forked.pop("numpy_draw")
-  assert forked == fresh
+  assert forked == fresh and fresh["tempdir"] == str(tmp_path)
   assert fresh["tfdist_after_tf"] and not fresh["tfdist_before_tf"]  # The hook, in both.
   assert forked_file == fresh_file == "written before the end"
   for line in ("thread joined\natexit ran", "ValueError: raised at the end",
@@ -178,28 +178,45 @@ def test_a_launch_killed_9_takes_its_shared_servers_tasks_not_anothers(shared, t
   assert launches[1].wait(timeout=30) == 0 and not _gone(shared.pid, within=0)
 
 
-@pytest.mark.parametrize("differs", ["environment", "resource limit"])
+@pytest.mark.parametrize("differs,declined", [
+    ("environment", "TF_ENABLE_ONEDNN_OPTS"), ("resource limit", "its limits"),
+    ("a switch of the server's per_task", None)])
 def test_a_launch_the_shared_server_could_not_stand_for_forks_from_its_own(shared, tmp_path,
-                                                                           differs):
+                                                                           differs, declined):
   """A shared server's task would inherit the server's limits, namespaces and environment, not
-  its launch's: such a launch starts its own server (the task's parent is not the shared one)."""
+  its launch's: such a launch starts its own server (the task's parent is not the shared one).
+  A variable the server was told its tasks may have of their own does not count."""
   import resource
   (tmp_path / "sleeps.py").write_text(SLEEPER.replace("60", "0"))
   env = {**_env(tmp_path), preload.SHARED_ENV: shared.path}
   limit = resource.getrlimit(resource.RLIMIT_NOFILE)
   if differs == "environment":
     env["TF_ENABLE_ONEDNN_OPTS"] = "0"  # Read by TensorFlow's import.
+  elif differs.startswith("a switch"):
+    env["HANG_AT"] = "3:1"  # tests/programs' own: the suite's server has it in `per_task`.
   launch = subprocess.run(
       [sys.executable, CLIENT, str(tmp_path / "sleeps.py")], env=env, capture_output=True,
-      text=True, timeout=120, preexec_fn=None if differs == "environment" else
+      text=True, timeout=120, preexec_fn=None if differs != "resource limit" else
       lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit[0] - 1, limit[1])))
   assert launch.returncode == 0, launch.stderr
   started, up = launch.stdout.splitlines()[:2]
   started = json.loads(started)
-  assert not started["shared"] and up.split()[0] == "up", launch.stdout
-  assert started["declined"] == ("TF_ENABLE_ONEDNN_OPTS" if differs == "environment" else
-                                 "its limits"), started
-  assert up.split()[1] != str(shared.pid)
+  assert started["shared"] == (declined is None) and up.split()[0] == "up", launch.stdout
+  assert started["declined"] == declined, started
+  assert (up.split()[1] == str(shared.pid)) == (declined is None)
+
+
+def test_the_suites_shared_server_lets_every_switch_tests_programs_read_differ():
+  """Each variable tests/programs read is one TensorFlow's import does not: the suite's server
+  lets it differ between launches (else a launch given it imports TensorFlow on its own)."""
+  import re
+  from tests.conftest import PROGRAM_SWITCHES
+  read = set()
+  for path in PROGRAMS.glob("*.py"):
+    read |= set(re.findall(r'(?:environ(?:\.get)?[\[(]|getenv\()"([A-Z_0-9]+)"',
+                           path.read_text()))
+  at_import = {"TF_CPU_ALLOCATOR_USE_BFC"}  # TensorFlow's: a launch given it forks elsewhere.
+  assert read - set(preload.PER_TASK) - at_import == set(PROGRAM_SWITCHES)
 
 
 @pytest.mark.parametrize("argv", [

@@ -19,6 +19,7 @@ seen = {
 import numpy  # noqa: E402
 import tensorflow  # noqa: E402,F401
 seen["tfdist_after_tf"] = "tfdist" in sys.modules
+seen["tempdir"] = __import__("tempfile").gettempdir()
 seen["numpy_draw"] = float(numpy.random.random())
 print(json.dumps(seen), flush=True)
 

@@ -47,10 +47,12 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
-PER_TASK = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "PYTHONPATH")
+PER_TASK = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "PYTHONPATH",
+            "TMPDIR")
 """Variables a forked task may have of its own: TensorFlow reads them after its import (the
-cluster, the GPUs at the runtime's start), and `sys.path` is made from PYTHONPATH per task. So
-may every `TFDIST_` variable (tfdist is imported in the task)."""
+cluster, the GPUs at the runtime's start, TMPDIR at each call), `sys.path` is made from
+PYTHONPATH per task, and Python's `tempfile` forgets the folder the import cached. So may every
+`TFDIST_` variable (tfdist is imported in the task)."""
 
 UNREAD = ("PYTEST_CURRENT_TEST",)
 """Variables that may differ because no import reads them (pytest's name of the running test,
@@ -99,11 +101,13 @@ def same_but_per_task(env: Mapping[str, str], preloaded: Mapping[str, str],
 
 
 def differing(env: Mapping[str, str], preloaded: Mapping[str, str],
-              imported: Mapping[str, str] | None = None) -> list[str]:
-  """The variables for which `same_but_per_task` fails, sorted. Pure."""
+              imported: Mapping[str, str] | None = None,
+              also_per_task: Sequence[str] = ()) -> list[str]:
+  """The variables for which `same_but_per_task` fails, sorted; `also_per_task`: more names
+  that may differ (a `Shared` server's `per_task`). Pure."""
   imported = imported or {}
-  keys = {k for k in set(env) | set(preloaded)
-          if k not in PER_TASK + UNREAD and not k.startswith("TFDIST_")}
+  keys = {k for k in set(env) | set(preloaded) if k not in (*PER_TASK, *UNREAD, *also_per_task)
+          and not k.startswith("TFDIST_")}
   return sorted(k for k in keys if not (env.get(k) in (None, imported[k]) if k in imported
                                         else env.get(k) == preloaded.get(k)))
 
@@ -178,6 +182,7 @@ class Preloaded:
     self._alive = False
     self._env: dict[str, str] | None = None
     self._imported: dict[str, str] = {}
+    self._per_task: tuple[str, ...] = ()
     self.failed = False
     self.shared = False
     self.declined: str | None = None
@@ -204,7 +209,7 @@ class Preloaded:
     with self._lock:
       if self._socket is None and not self._join(env.get(SHARED_ENV), env):
         self._open(env)
-      if not same_but_per_task(env, self._env, self._imported):
+      if differing(env, self._env, self._imported, self._per_task):
         return None
       read, write = os.pipe()
       try:
@@ -263,11 +268,13 @@ class Preloaded:
     ours = context()
     self.declined = ", ".join(
         [f"its {k}" for k in sorted(ours) if hello.get("context", {}).get(k) != ours[k]] +
-        differing(env, hello.get("env", {}), hello.get("imported"))) or None
+        differing(env, hello.get("env", {}), hello.get("imported"), hello.get("per_task", ())))
+    self.declined = self.declined or None
     if self.declined:
       sock.close()
       return False
     self._env, self._imported = hello["env"], hello["imported"]
+    self._per_task = tuple(hello.get("per_task", ()))
     self._socket, self._alive, self.shared = sock, True, True
     threading.Thread(target=self._listen, daemon=True, name="tfdist-preload").start()
     return True
@@ -329,6 +336,8 @@ class Shared:
     env: its environment, the one the launches' tasks have but for the per-task variables;
       None: this process's (less `UNREAD`).
     python: the interpreter the launches' tasks name.
+    per_task: more variables the launches' tasks may have of their own: ones their programs
+      read after importing TensorFlow (a test's switches), never one an import reads.
 
   Example:
 
@@ -341,12 +350,13 @@ class Shared:
   """
 
   def __init__(self, path: str, env: Mapping[str, str] | None = None,
-               python: str = sys.executable):
+               python: str = sys.executable, per_task: Sequence[str] = ()):
     from tfdist.machine import children
     self.path = path
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in UNREAD}
     self._process = subprocess.Popen(
-        [python, os.path.abspath(__file__), "--at", path], env=env, stdin=subprocess.DEVNULL,
+        [python, os.path.abspath(__file__), "--at", path, *per_task], env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         preexec_fn=children.start_as_child)
     while not os.path.exists(path):  # Bound before its import: a launch may connect at once.
@@ -375,11 +385,12 @@ class Shared:
 # imports TensorFlow and Keras.
 
 
-def serve(fd: int | None = None, at: str | None = None) -> None:
+def serve(fd: int | None = None, at: str | None = None, per_task: Sequence[str] = ()) -> None:
   """Imports TensorFlow and Keras, then forks a task for each request and says to its asker
   each one's pid and, once reaped, its exit code. `fd`: one launch's socket (ends when it
   closes); `at`: a path where launches connect (each told this server's environment and
-  `context` first; a closed connection's live tasks are SIGKILLed; ends by a signal)."""
+  `context` and its `per_task` names first; a closed connection's live tasks are SIGKILLed;
+  ends by a signal)."""
   import selectors
   selector = selectors.DefaultSelector()
   if at is not None:
@@ -395,7 +406,7 @@ def serve(fd: int | None = None, at: str | None = None) -> None:
   import tensorflow  # noqa: F401  What every task would import.
   import keras  # noqa: F401
   imported = {k: v for k, v in os.environ.items() if env.get(k) != v}  # TF2_BEHAVIOR, ...
-  hello = {"env": env, "imported": imported, "context": context()}
+  hello = {"env": env, "imported": imported, "context": context(), "per_task": list(per_task)}
   children = _sibling("children")  # Once here; each forked task calls it.
   askers: dict[int, socket.socket | None] = {}  # A task's pid: the connection that asked.
   while True:
@@ -493,6 +504,8 @@ def _run(request: dict, out: int, base: list[str], imported: dict[str, str]) -> 
   os.chdir(request["cwd"])
   os.environ.clear()
   os.environ.update({**imported, **env})
+  import tempfile
+  tempfile.tempdir = None  # The import cached the server's TMPDIR: the task's is read again.
   unbuffered = argv[0] == "-u" or bool(env.get("PYTHONUNBUFFERED"))
   argv = argv[1:] if argv[0] == "-u" else argv
   sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.open(0, "rb", closefd=False))
@@ -591,7 +604,7 @@ if __name__ == "__main__":
   if sys.argv[1] == "--at":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # Its socket's file removed.
     try:
-      serve(at=sys.argv[2])
+      serve(at=sys.argv[2], per_task=sys.argv[3:])
     finally:
       with contextlib.suppress(OSError):
         os.unlink(sys.argv[2])

@@ -52,7 +52,8 @@ class Preloaded:
             f"command is not `python SCRIPT` or `python -m MODULE` run by {sys.executable} "
             "(a shim or another interpreter, interpreter options), or its environment "
             "differs from the first task's beyond TF_CONFIG, CUDA_VISIBLE_DEVICES, "
-            "TF_FORCE_GPU_ALLOW_GROWTH, PYTHONPATH and TFDIST_*", file=sys.stderr, flush=True)
+            "TF_FORCE_GPU_ALLOW_GROWTH, PYTHONPATH, TMPDIR and TFDIST_*", file=sys.stderr,
+            flush=True)
     return forked or start(process)
 
   def close(self) -> None:
