@@ -15,7 +15,7 @@ import tfdist
 from tfdist.launch.plan import new_run_name
 from tfdist.training import lease
 from tests.conftest import PROGRAMS
-from tests.launching import ENV, finish, read_until
+from tests.launching import ENV, finish, read_until, running
 from tests.programs import custom_loop
 
 
@@ -85,7 +85,7 @@ def test_a_holder_killed_but_not_yet_reaped_is_gone(tmp_path):
   zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # Not reaped until `wait`.
   try:
     deadline = time.monotonic() + 30
-    while open(f"/proc/{zombie.pid}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+    while running(zombie.pid):  # Until it ends, a zombie.
       assert time.monotonic() < deadline, "the child never ended"
       time.sleep(0.05)
     os.kill(zombie.pid, 0)  # The kernel's answer: it exists.

@@ -1,7 +1,6 @@
 """Tasks forked from the preloaded TensorFlow (`tfdist.machine.preload`), against the reference
 they stand in for: the same program run by a fresh interpreter."""
 
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import CONFIGS, PROGRAMS, REPO
-from tests.launching import ENV
+from tests.launching import ENV, running
 from tfdist.launch.plan import SCRIPT_HOOK
 from tfdist.machine import preload
 
@@ -136,12 +135,9 @@ def test_a_signal_ends_a_forked_task_as_it_ends_a_process(server, tmp_path):
 def _gone(pid, within=10):
   """Whether process `pid` is gone (or a zombie) within `within` seconds."""
   deadline = time.monotonic() + within
-  while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
-    with contextlib.suppress(FileNotFoundError):
-      if "zombie" in open(f"/proc/{pid}/status").read():
-        return True
+  while time.monotonic() < deadline and running(pid):
     time.sleep(0.1)
-  return not os.path.exists(f"/proc/{pid}")
+  return not running(pid)
 
 
 @pytest.mark.parametrize("kind", ["own", "shared"])

@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Mapping, Sequence
 
 PER_TASK = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "PYTHONPATH",
@@ -266,10 +267,10 @@ class Preloaded:
       sock.close()
       return False
     ours = context()
-    self.declined = ", ".join(
-        [f"its {k}" for k in sorted(ours) if hello.get("context", {}).get(k) != ours[k]] +
-        differing(env, hello.get("env", {}), hello.get("imported"), hello.get("per_task", ())))
-    self.declined = self.declined or None
+    reasons = [f"its {k}" for k in sorted(ours) if hello.get("context", {}).get(k) != ours[k]]
+    reasons += differing(env, hello.get("env", {}), hello.get("imported"),
+                         hello.get("per_task", ()))
+    self.declined = ", ".join(reasons) or None
     if self.declined:
       sock.close()
       return False
@@ -356,14 +357,13 @@ class Shared:
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in UNREAD}
     self._process = subprocess.Popen(
         [python, os.path.abspath(__file__), "--at", path, *per_task], env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=children.start_as_child)
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, preexec_fn=children.start_as_child)
     while not os.path.exists(path):  # Bound before its import: a launch may connect at once.
       if self._process.poll() is not None:
         raise RuntimeError(f"the shared preloaded server ended with {self._process.returncode} "
                            f"before listening at {path}")
-      threading.Event().wait(0.01)
+      time.sleep(0.01)
 
   @property
   def pid(self) -> int:

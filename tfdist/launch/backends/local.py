@@ -51,9 +51,8 @@ class Preloaded:
       print(f"tfdist launch: --preload on: {process.name} starts as its own process: its "
             f"command is not `python SCRIPT` or `python -m MODULE` run by {sys.executable} "
             "(a shim or another interpreter, interpreter options), or its environment "
-            "differs from the first task's beyond TF_CONFIG, CUDA_VISIBLE_DEVICES, "
-            "TF_FORCE_GPU_ALLOW_GROWTH, PYTHONPATH, TMPDIR and TFDIST_*", file=sys.stderr,
-            flush=True)
+            f"differs from the first task's beyond {', '.join(preload.PER_TASK)} and "
+            "TFDIST_*", file=sys.stderr, flush=True)
     return forked or start(process)
 
   def close(self) -> None:
