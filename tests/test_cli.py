@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
+from tfdist.testing import forked
 from tests.conftest import CONFIGS, REPO
 from tests.launching import ENV
 
 
 def tfdist(*args, env=None):
-  return subprocess.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=60, env=env)
+  return forked.run([sys.executable, "-m", "tfdist", *args], cwd=REPO, timeout=60, env=env)
 
 
 def test_check_shows_each_tasks_tf_config_and_batch():

@@ -1,19 +1,19 @@
 """`tfdist env`: the facts a bug report needs, on this machine and on every task of a cluster."""
 
 import json
-import subprocess
 import sys
 
 import tensorflow as tf
 
 from tfdist.monitoring.environment import differences, render
+from tfdist.testing import forked
 from tests.conftest import CONFIGS, REPO
 from tests.launching import ENV
 
 
 def tfdist(*args):
-  return subprocess.run([sys.executable, "-m", "tfdist", "env", *args], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=180)
+  return forked.run([sys.executable, "-m", "tfdist", "env", *args], cwd=REPO, env=ENV,
+                    timeout=180)
 
 
 def test_env_reports_versions_build_devices_and_what_auto_picks():

@@ -19,14 +19,16 @@ from tfdist.job_files import kubernetes, slurm
 from tfdist.launch.backends import slurm as slurm_backend
 from tfdist.launch.plan import plan_launch
 from tfdist.machine.ports import HeldPorts
+from tfdist.testing import forked
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV
+
 PS_CLUSTER = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
 
 
 def tfdist_cli(*args, env=ENV, timeout=120):
-  return subprocess.run([sys.executable, "-m", "tfdist", *args], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
+  return forked.run([sys.executable, "-m", "tfdist", *args], env=env, cwd=REPO,
+                    timeout=timeout)
 
 
 # -- Slurm -------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ the backbone opened down to its blocks, greedy `generate` token for token equal 
 model's, each block's key/value cache on the block's device, and `tfdist estimate --generate`
 saying that a model that does not fit one device fits two."""
 
-import subprocess
 import sys
 
 import keras
@@ -13,6 +12,7 @@ import pytest
 
 from tests.launching import ENV
 from tfdist.parallel import placement, split
+from tfdist.testing import forked
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 DEVICES = ["/device:CPU:0", "/device:CPU:1"]
@@ -114,8 +114,8 @@ def plan(tmp_path, *flags):
   (tmp_path / "models.py").write_text(MODELS)
   (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
                                         "parallel: {stages: balanced}\n")
-  return subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", *flags],
-                        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+  return forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", *flags],
+                    cwd=tmp_path, env=ENV, timeout=120)
 
 
 def test_estimate_says_the_model_does_not_fit_one_device_but_fits_two_and_the_split_agrees(

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from tfdist.testing import forked
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV, run_launch
 
@@ -103,9 +104,9 @@ def test_a_scripts_own_multi_worker_strategy_keeps_the_collective_runtime_tfdist
   counts = {}
   for mode in ("plain", "tfdist"):
     with HeldPorts(1) as held:  # Held (not listening) until TensorFlow's server binds it.
-      done = subprocess.run([sys.executable, str(PROGRAMS / "collective_ops_enabled.py"), mode,
-                             str(held.ports[0])], env={**ENV, "PYTHONPATH": str(REPO)},
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+      done = forked.run([sys.executable, str(PROGRAMS / "collective_ops_enabled.py"), mode,
+                         str(held.ports[0])], env={**ENV, "PYTHONPATH": str(REPO)},
+                        cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     counts[mode] = [line.split()[1:] for line in done.stdout.splitlines()
                     if line.startswith("ENABLED ")]

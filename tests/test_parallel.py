@@ -15,6 +15,7 @@ import tensorflow as tf
 from tests.conftest import PROGRAMS
 from tests.launching import finish, start_launch
 from tfdist.errors import ConfigError, ModelError
+from tfdist.testing import forked
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 CPU0, CPU1 = "/job:localhost/replica:0/task:0/device:CPU:0", \
@@ -277,14 +278,13 @@ _ESTIMATED_MODELS = (
 
 
 def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
-  import subprocess
   from tests.launching import ENV
   (tmp_path / "models.py").write_text(_ESTIMATED_MODELS)
   (tmp_path / "config.yaml").write_text("devices: {logical_cpus: 2}\n"
                                         "parallel: {stages: balanced}\n")
-  done = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
-                         "models:mlp", "--batch", "64"], cwd=tmp_path, env=ENV,
-                        capture_output=True, text=True, timeout=120)
+  done = forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
+                     "models:mlp", "--batch", "64"], cwd=tmp_path, env=ENV,
+                    timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   lines = done.stdout.splitlines()
   assert lines[0].startswith("Sequential of 814,090 parameters, global batch 64, 2 device(s)")
@@ -302,14 +302,13 @@ def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
   assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout
   assert "optimizer: not counted" not in done.stdout
-  bare = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
-                         "models:uncompiled", "--batch", "8"], cwd=tmp_path, env=ENV,
-                        capture_output=True, text=True, timeout=120)
+  bare = forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
+                     "models:uncompiled", "--batch", "8"], cwd=tmp_path, env=ENV,
+                    timeout=120)
   assert ("optimizer: not counted: models:uncompiled returns a model that is not compiled"
           in bare.stdout), bare.stdout + bare.stderr[-2000:]
-  bad = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
-                        "models"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+  bad = forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
+                    "models"], cwd=tmp_path, env=ENV, timeout=120)
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1] == ("tfdist estimate: --model: must be "
                                                  "module:function, the function that builds "
@@ -354,15 +353,13 @@ def test_tfdist_estimate_reads_the_clusters_replicas_and_the_sharded_optimizer(t
   (counted by hand); one worker has no replicas to shard over. Activations kept scale with the
   per-replica batch (the per-device figure is checked against measured peaks in
   tests/test_step_memory.py)."""
-  import subprocess
   from tests.launching import ENV
   (tmp_path / "models.py").write_text(_ESTIMATED_MODELS)
   sharding = ", shard_optimizer: true" if workers > 1 else ""
   (tmp_path / "config.yaml").write_text(f"cluster: {{worker: {workers}}}\n"
                                         f"training: {{global_batch_size: 64{sharding}}}\n")
-  done = subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
-                         "models:mlp"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  done = forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
+                     "models:mlp"], cwd=tmp_path, env=ENV, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   lines = done.stdout.splitlines()
   if workers > 1:

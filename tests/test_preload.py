@@ -16,6 +16,7 @@ from tests.conftest import CONFIGS, PROGRAMS, REPO
 from tests.launching import ENV, running
 from tfdist.launch.plan import SCRIPT_HOOK
 from tfdist.machine import preload
+from tfdist.testing import forked
 
 FACTS = str(PROGRAMS / "interpreter_facts.py")
 
@@ -119,6 +120,30 @@ def test_two_forked_tasks_draw_different_numpy_numbers(server, tmp_path):
   draws = [_facts(_forked(server, [sys.executable, FACTS], _env(tmp_path), str(tmp_path))[1])
            ["numpy_draw"] for _ in range(2)]
   assert draws[0] != draws[1]
+
+
+def test_the_suites_forked_run_gives_what_subprocess_run_gives_output_and_errors_apart(
+    tmp_path):
+  """`tfdist.testing.forked.run`, by which the tests run their programs, forks them from the
+  suite's shared server and returns what `subprocess.run(capture_output=True, text=True)` of a
+  fresh interpreter returns: the exit code, the output, the errors, each on its own."""
+  argv, env = [sys.executable, FACTS, "raise"], _env(tmp_path)
+  with open(tmp_path / "popen.log", "wb") as log:
+    task = forked.popen(argv, env, stdout=log.fileno(), cwd=tmp_path)
+  assert isinstance(task, preload.ForkedTask)  # Forked, not started as a process.
+  assert task.wait(timeout=120) == 1
+  fresh = subprocess.run(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=120)
+  done = forked.run(argv, env=env, cwd=tmp_path, timeout=120)
+  assert done.returncode == fresh.returncode == 1, (fresh.stderr, done.stderr)
+  for result in (fresh, done):
+    result.facts = _facts(result.stdout)
+    result.facts.pop("numpy_draw")
+  assert done.facts == fresh.facts
+  assert done.stdout.split("\n", 1)[1] == fresh.stdout.split("\n", 1)[1] == \
+      "thread joined\natexit ran\n"
+  assert done.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1] == \
+      "ValueError: raised at the end"
 
 
 def test_a_signal_ends_a_forked_task_as_it_ends_a_process(server, tmp_path):

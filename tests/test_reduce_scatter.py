@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tfdist.training.reduce_scatter import shard_size
+from tfdist.testing import forked
 from tests.conftest import REPO
 from tests.launching import ENV
 
@@ -21,9 +22,8 @@ def _checked(output: str) -> list[str]:
 
 @pytest.mark.parametrize("replicas", [2, 3, 4])
 def test_each_shard_is_the_ring_all_reduces_slice_bit_for_bit(replicas):
-  done = subprocess.run([sys.executable, "-m", "tests.programs.reduce_scatter_check",
-                         str(replicas)], env=ENV, cwd=REPO, capture_output=True, text=True,
-                        timeout=240)
+  done = forked.run([sys.executable, "-m", "tests.programs.reduce_scatter_check",
+                     str(replicas)], env=ENV, cwd=REPO, timeout=240)
   assert done.returncode == 0, done.stderr[-3000:]
   lines = _checked(done.stdout)
   assert len(lines) == 4 and all("BITWISE True MAX_DIFF 0.0" in line for line in lines), lines

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tests.conftest import REPO
 from tests.launching import ENV, read_until
 from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull
+from tfdist.testing import forked
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # Before TensorFlow starts: the split test.
 rng = np.random.default_rng(0)
@@ -333,9 +334,9 @@ def test_a_full_queue_answers_429_with_retry_after(server):
 
 
 def test_an_exported_saved_model_reloads_equal_and_is_served(tmp_path, saved, model):
-  done = subprocess.run([sys.executable, "-m", "tfdist", "model-export", str(saved),
-                         str(tmp_path / "out"), "--max-batch-size", "16", "--max-wait-ms", "7"],
-                        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+  done = forked.run([sys.executable, "-m", "tfdist", "model-export", str(saved),
+                     str(tmp_path / "out"), "--max-batch-size", "16", "--max-wait-ms", "7"],
+                    cwd=REPO, env=ENV, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   batching = (tmp_path / "out" / "batching_parameters.txt").read_text()
   assert "allowed_batch_sizes: 16" in batching and \
@@ -411,9 +412,8 @@ def test_bulk_predict_on_a_two_worker_cluster_equals_one_device(tmp_path):
 
 
 def test_the_model_server_refuses_a_missing_model_in_one_line(tmp_path):
-  done = subprocess.run([sys.executable, "-m", "tfdist", "model-server", str(tmp_path / "x.keras"),
-                         "--model-name", "m"], cwd=REPO, env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  done = forked.run([sys.executable, "-m", "tfdist", "model-server", str(tmp_path / "x.keras"),
+                     "--model-name", "m"], cwd=REPO, env=ENV, timeout=120)
   assert done.returncode == 2
   assert done.stderr.strip().splitlines()[-1] == (
       f"tfdist model-server: MODEL: must be a .keras file, a SavedModel directory, or a "
@@ -437,9 +437,9 @@ def text_model(tmp_path_factory):
                         sys.executable, str(PROGRAMS / "text_classifier.py"), str(out))
   output = finish(launch, 240, [])
   assert launch.returncode == 0, output[-3000:]
-  done = subprocess.run([sys.executable, "-m", "tfdist", "model-export",
-                         str(out / "text.keras"), str(out / "export")], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=120)
+  done = forked.run([sys.executable, "-m", "tfdist", "model-export",
+                     str(out / "text.keras"), str(out / "export")], cwd=REPO, env=ENV,
+                    timeout=120)
   assert done.returncode == 0, done.stdout + done.stderr[-2000:]
   assert "reloaded, equal" in done.stdout and done.stderr == "", done.stderr[-2000:]
   return out / "text.keras", out / "export"

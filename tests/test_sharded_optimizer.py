@@ -16,6 +16,7 @@ import pytest
 
 import tfdist
 from tfdist.training import keras_fixes, sharded_optimizer
+from tfdist.testing import forked
 from tests.conftest import REPO
 from tests.launching import ENV
 from tests.programs import custom_loop
@@ -70,8 +71,8 @@ def _clipped_mirrored(clip: float) -> list:
   import tempfile
   with tempfile.TemporaryDirectory() as folder:
     out = f"{folder}/weights.npz"
-    done = subprocess.run([sys.executable, "-m", "tests.programs.clipped_mirrored", str(clip),
-                           out], env=ENV, cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = forked.run([sys.executable, "-m", "tests.programs.clipped_mirrored", str(clip),
+                       out], env=ENV, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     saved = np.load(out)
     return [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -173,11 +174,10 @@ def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
   from tests.programs import sharded_resume
 
   def run(logical_cpus, *preempt):
-    return subprocess.run([sys.executable, "-m", "tests.programs.sharded_resume",
-                           str(logical_cpus), "2", str(tmp_path / "backup"),
-                           str(tmp_path / "resumed.npz"), *preempt],
-                          env={**ENV, "STAGE": stage}, cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return forked.run([sys.executable, "-m", "tests.programs.sharded_resume",
+                       str(logical_cpus), "2", str(tmp_path / "backup"),
+                       str(tmp_path / "resumed.npz"), *preempt],
+                      env={**ENV, "STAGE": stage}, cwd=REPO, timeout=120)
 
   preempted = run(2, "PREEMPT")
   assert preempted.returncode == 42, preempted.stderr[-3000:]
@@ -264,8 +264,8 @@ except Exception as e:
 @functools.cache  # One process per (replicas, mode) for the file's tests.
 def _held(replicas: int, mode: str) -> dict:
   """`tests/programs/sharded_bytes.py`'s figures: every variable its process holds, by device."""
-  done = subprocess.run([sys.executable, "-m", "tests.programs.sharded_bytes", str(replicas),
-                         mode], env=ENV, cwd=REPO, capture_output=True, text=True, timeout=240)
+  done = forked.run([sys.executable, "-m", "tests.programs.sharded_bytes", str(replicas),
+                     mode], env=ENV, cwd=REPO, timeout=240)
   assert done.returncode == 0, done.stderr[-3000:]
   found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
   return {"held": json.loads(found["HELD"]), "slots": int(found["SLOTS"]),
@@ -343,8 +343,7 @@ def test_stage_2_in_pieces_equals_plain_keras(tmp_path, replicas_as):
                       "shard_gradients: true}\n")
     program = [sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
                str(tmp_path / "logs"), "--", *program]
-  done = subprocess.run(program, env=ENV, cwd=REPO, capture_output=True, text=True,
-                        timeout=240)
+  done = forked.run(program, env=ENV, cwd=REPO, timeout=240)
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
   found = {words[-2]: words[-1] for words in map(str.split, done.stdout.splitlines())
            if words[-2:-1] in (["WEIGHT_BYTES"], ["MAX_DIFF"])}  # "[worker-0] " launched.

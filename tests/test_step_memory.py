@@ -13,6 +13,7 @@ import keras
 import pytest
 
 from tfdist.parallel.step_memory import LOSS_AND_INPUTS, step_tensors
+from tfdist.testing import forked
 from tests.conftest import PROGRAMS, REPO
 from tests.launching import ENV
 
@@ -157,10 +158,10 @@ def test_tfdist_estimate_needs_the_length_a_model_leaves_open(tmp_path):
   (tmp_path / "config.yaml").write_text("training: {global_batch_size: 32}\n")
 
   def estimate(*flags):
-    return subprocess.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml",
-                           "--model", "models:reader", *flags], cwd=tmp_path,
-                          env={**ENV, "PYTHONPATH": os.pathsep.join([str(REPO), "."])},
-                          capture_output=True, text=True, timeout=120)
+    return forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml",
+                       "--model", "models:reader", *flags], cwd=tmp_path,
+                      env={**ENV, "PYTHONPATH": os.pathsep.join([str(REPO), "."])},
+                      timeout=120)
   refused = estimate()
   assert refused.returncode == 2
   assert refused.stderr.strip().splitlines()[-1].startswith(

@@ -190,14 +190,19 @@ class Preloaded:
     """Why the shared server could not fork this launch's tasks: the context's parts and the
     variables that differ (see `differing`); None where it could, or none was named."""
 
-  def start(self, argv: Sequence[str], env: Mapping[str, str],
-            cwd: str | None = None) -> ForkedTask | None:
+  def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+            stdout: int | None = None, stderr: int | None = None,
+            own_server: bool = True) -> ForkedTask | None:
     """Forks `argv` with `env` from the server (started now if not yet).
 
     Args:
       argv: the command; see `forkable`.
       env: its whole environment.
       cwd: its working directory; None: this process's.
+      stdout: a file descriptor for its output; None: a pipe, the task's `stdout`.
+      stderr: a file descriptor for its errors; None: its output's.
+      own_server: whether to start a server of this launch's own where the shared one is not
+        named or declines (else None: start it as a process).
 
     Returns:
       The `ForkedTask`, or None where this command cannot be forked (start it as a process):
@@ -209,28 +214,33 @@ class Preloaded:
       return None
     with self._lock:
       if self._socket is None and not self._join(env.get(SHARED_ENV), env):
+        if not own_server:
+          return None
         self._open(env)
       if differing(env, self._env, self._imported, self._per_task):
         return None
-      read, write = os.pipe()
+      read, write = os.pipe() if stdout is None else (None, stdout)
       try:
         request = json.dumps({"argv": list(argv), "env": env,
                               "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
         with self._ended:
           self._replies.clear()
         try:
-          socket.send_fds(self._socket, [request], [write])
+          socket.send_fds(self._socket, [request], [write, *([] if stderr is None else [stderr])])
         except OSError:
           return self._gone("its socket closed")
       finally:
-        os.close(write)
+        if read is not None:
+          os.close(write)
       with self._ended:
         self._ended.wait_for(lambda: self._replies or not self._alive)
         reply = self._replies.pop() if self._replies else {"error": "the server ended"}
       if "pid" not in reply:
-        os.close(read)
+        if read is not None:
+          os.close(read)
         return self._gone(reply["error"])
-      task = ForkedTask(reply["pid"], os.fdopen(read, "rb"), self._ended)
+      task = ForkedTask(reply["pid"], None if read is None else os.fdopen(read, "rb"),
+                        self._ended)
       with self._ended:
         self._tasks[task.pid] = task
         self._ended.notify_all()
@@ -418,7 +428,7 @@ def serve(fd: int | None = None, at: str | None = None, per_task: Sequence[str] 
         continue
       connection = key.fileobj
       try:
-        request, fds, _, _ = socket.recv_fds(connection, _MESSAGE, 1)
+        request, fds, _, _ = socket.recv_fds(connection, _MESSAGE, 2)
       except OSError:
         request, fds = b"", []
       if not request:
@@ -433,7 +443,7 @@ def serve(fd: int | None = None, at: str | None = None, per_task: Sequence[str] 
         continue
       try:
         sockets = [k.fileobj for k in selector.get_map().values()]
-        pid = _fork(json.loads(request), fds[0], base, imported, sockets, children)
+        pid = _fork(json.loads(request), fds, base, imported, sockets, children)
         askers[pid] = connection
         _send(connection, {"pid": pid})
       except Exception as e:  # noqa: BLE001  Said to the launcher, which starts it itself.
@@ -463,7 +473,7 @@ def _sibling(name: str):
   return module
 
 
-def _fork(request: dict, out: int, base: list[str], imported: dict[str, str],
+def _fork(request: dict, out: list[int], base: list[str], imported: dict[str, str],
           sockets: list[socket.socket], children) -> int:
   pid = os.fork()
   if pid:
@@ -486,20 +496,20 @@ def _fork(request: dict, out: int, base: list[str], imported: dict[str, str],
     os._exit(code)  # noqa: SLF001  Never back into the server's loop.
 
 
-def _run(request: dict, out: int, base: list[str], imported: dict[str, str]) -> int:
+def _run(request: dict, out: list[int], base: list[str], imported: dict[str, str]) -> int:
   """The forked task, made as a fresh interpreter would be, then its program run; its exit
-  code. `imported`: the variables TensorFlow's import set in the server, which the task's own
-  import would have set."""
+  code. `out`: its output's file descriptor, and its errors' if not the same. `imported`: the
+  variables TensorFlow's import set in the server, which the task's own import would have set."""
   import atexit
   import builtins
   import io
   import runpy
   import types
   null = os.open(os.devnull, os.O_RDONLY)
-  for fd, to in ((null, 0), (out, 1), (out, 2)):
+  for fd, to in ((null, 0), (out[0], 1), (out[-1], 2)):
     os.dup2(fd, to)
-  os.close(null)
-  os.close(out)
+  for fd in {null, *out}:
+    os.close(fd)
   env, argv = request["env"], list(request["argv"][1:])
   os.chdir(request["cwd"])
   os.environ.clear()

@@ -18,6 +18,7 @@ from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import ClusterConfig, TaskConfig
 from tfdist.config.tf_config import tf_config_json, with_local_addresses
 from tfdist.machine.ports import free_ports
+from tfdist.testing import forked
 
 
 def local_cluster(cluster: ClusterConfig) -> ClusterConfig:
@@ -29,7 +30,7 @@ def local_cluster(cluster: ClusterConfig) -> ClusterConfig:
 class TaskProcess:
   """A running task: its process, and the file its output goes to."""
   task: TaskConfig
-  process: subprocess.Popen
+  process: subprocess.Popen  # Or a `preload.ForkedTask`, its like.
   log: pathlib.Path
 
   def output(self) -> str:
@@ -39,15 +40,15 @@ class TaskProcess:
 def start_task(task: TaskConfig, argv: Sequence[str], cluster: ClusterConfig,
                log_dir: os.PathLike, *, config_path: os.PathLike | None = None,
                env: Mapping[str, str] | None = None) -> TaskProcess:
-  """Starts `argv` as `task` of `cluster`, in a session of its own, output to a log file."""
+  """Starts `argv` as `task` of `cluster`, in a session of its own, output to a log file
+  (forked from a test suite's preloaded TensorFlow where it may be: `forked.popen`)."""
   environ = {**os.environ, **(env or {}), "TF_CONFIG": tf_config_json(cluster, task),
              "TF_CPP_MIN_LOG_LEVEL": "2"}
   if config_path is not None:
     environ[CONFIG_ENV] = os.fspath(config_path)
   log = pathlib.Path(log_dir) / f"{task.name}.log"
   with open(log, "wb") as out:
-    process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=environ,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    process = forked.popen(argv, environ, stdout=out.fileno())
   return TaskProcess(task, process, log)
 
 
