@@ -198,18 +198,19 @@ def _kill(processes) -> None:
       pass
 
 
-# The files that take longest, slowest first (seconds each in a fresh clone's run on 2 vCPUs,
-# 2026-11-27): pytest-xdist hands files out in the order collected (`--no-loadscope-reorder`),
-# so the slow ones start first and the two processes end together. By its default order (most
-# tests first) the slow files of few tests came last: one process ran 210 s after the other.
+# The files that take longest, slowest first (their tests' seconds in a fresh clone's run on 2
+# vCPUs, three test processes, 2026-11-28: test_ray 277 ... test_cli 31): pytest-xdist hands
+# files out in the order collected (`--no-loadscope-reorder`), so the slow ones start first and
+# the processes end together. By its default order (most tests first) the slow files of few
+# tests came last: one process ran 210 s after the other.
 SLOWEST_FIRST = (
-    "test_hang_paths.py", "test_ray.py", "test_launch.py", "test_sharded_optimizer.py",
-    "test_keras_arguments.py", "test_hangs.py", "test_launch_robustness.py", "test_elastic.py",
-    "test_keras_contract.py", "test_parallel.py", "test_training_paths.py", "test_fit.py",
-    "test_fault_tolerance.py", "test_custom_loop.py", "test_user_script.py",
-    "test_step_memory.py", "test_monitoring.py", "test_preemption.py", "test_multi_worker.py",
-    "test_preload.py", "test_serving.py", "test_parameter_server.py", "test_generation.py",
-    "test_determinism.py", "test_per_host.py", "test_job_isolation.py", "test_docs.py")
+    "test_ray.py", "test_hang_paths.py", "test_keras_arguments.py", "test_preload.py",
+    "test_sharded_optimizer.py", "test_fit.py", "test_keras_contract.py", "test_launch.py",
+    "test_data_service.py", "test_hangs.py", "test_launch_robustness.py", "test_step_memory.py",
+    "test_training_paths.py", "test_custom_loop.py", "test_parallel.py", "test_serving.py",
+    "test_elastic.py", "test_generation.py", "test_monitoring.py", "test_parameter_server.py",
+    "test_user_script.py", "test_per_host.py", "test_fault_tolerance.py", "test_env.py",
+    "test_docs.py", "test_export.py", "test_determinism.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -86,21 +86,35 @@ def _facts(output):
   return json.loads(line)
 
 
+_FRESH = {}
+"""{end: (code, output, left_open.txt)} of FACTS run by a fresh interpreter in its folder: one
+reference for both servers' forks."""
+
+
+@pytest.fixture(scope="module")
+def facts_folder(tmp_path_factory):
+  return tmp_path_factory.mktemp("facts")
+
+
 @pytest.mark.parametrize("end,code", [("", 0), ("3", 3), ("raise", 1), ("message", 1)])
-def test_a_forked_program_sees_and_ends_as_under_a_fresh_interpreter(server, tmp_path, end,
+def test_a_forked_program_sees_and_ends_as_under_a_fresh_interpreter(server, facts_folder, end,
                                                                       code):
-  results = {}
-  for how, run in (("fresh", _fresh), ("forked", lambda *a: _forked(server, *a))):
-    (tmp_path / "left_open.txt").unlink(missing_ok=True)
-    env = _env(tmp_path, TFDIST_PREPARE="1", TMPDIR=str(tmp_path))  # Not the server's.
-    results[how] = run([sys.executable, FACTS, end], env, str(tmp_path))
-    results[how] += ((tmp_path / "left_open.txt").read_text(),)
+  folder = facts_folder / f"end{end}"  # The same folder (cwd, TMPDIR) for both runs.
+  folder.mkdir(exist_ok=True)
+
+  def ran(run):
+    (folder / "left_open.txt").unlink(missing_ok=True)
+    env = _env(folder, TFDIST_PREPARE="1", TMPDIR=str(folder))  # Not the server's.
+    return run([sys.executable, FACTS, end], env, str(folder)) + (
+        (folder / "left_open.txt").read_text(),)
+  if end not in _FRESH:
+    _FRESH[end] = ran(_fresh)
   (fresh_code, fresh_out, fresh_file), (forked_code, forked_out, forked_file) = \
-      results["fresh"], results["forked"]
+      _FRESH[end], ran(lambda *a: _forked(server, *a))
   assert forked_code == fresh_code == code, (fresh_out, forked_out)
   fresh, forked = _facts(fresh_out), _facts(forked_out)
   assert fresh.pop("numpy_draw") != forked.pop("numpy_draw")
-  assert forked == fresh and fresh["tempdir"] == str(tmp_path)
+  assert forked == fresh and fresh["tempdir"] == str(folder)
   assert fresh["tfdist_after_tf"] and not fresh["tfdist_before_tf"]  # The hook, in both.
   assert forked_file == fresh_file == "written before the end"
   for line in ("thread joined\natexit ran", "ValueError: raised at the end",
