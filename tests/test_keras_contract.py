@@ -129,10 +129,9 @@ def test_tensorflow_custom_training_tutorial_ported_by_the_docs_diff_on_two_work
   step's signature, `return loss`, `total_loss / num_batches`, the test step, a metric read on
   the chief alone, `tf.train.Checkpoint.save` on every worker, all as the tutorial has them)
   on 2 workers."""
-  plain = subprocess.run(
+  plain = forked.run(
       [sys.executable, str(PROGRAMS / "tf_custom_training.py"), "tutorial",
-       str(tmp_path / "tutorial")], env={**ENV, "PYTHONPATH": ""}, cwd=REPO,
-      capture_output=True, text=True, timeout=240)
+       str(tmp_path / "tutorial")], env={**ENV, "PYTHONPATH": ""}, cwd=REPO, timeout=240)
   assert plain.returncode == 0, plain.stderr[-3000:]
   want = _results(plain.stdout)[""]
   out = tmp_path / "ported"

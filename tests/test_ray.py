@@ -194,6 +194,25 @@ def test_the_launchers_variables_reach_the_tasks_but_not_its_hosts_own():
                                 "PATH": "/venv/bin:/usr/bin"}
 
 
+def test_a_tasks_port_is_held_by_its_actor_until_its_server_binds_it():
+  """The port an actor gives its task (`TaskActor.node`) stays its own: another program cannot
+  bind it (a port picked and let go was once taken before the task's server started), the task's
+  gRPC server (SO_REUSEADDR, as TensorFlow's) can, and the actor's next answer is the same."""
+  import errno
+  import socket
+  from tfdist.launch.backends.ray_task import TaskActor
+  actor = TaskActor()
+  host, port = actor.node()
+  assert actor.node() == (host, port)
+  with socket.socket() as other, pytest.raises(OSError) as taken:
+    other.bind(("127.0.0.1", port))
+  assert taken.value.errno == errno.EADDRINUSE
+  with socket.socket() as server:
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+
+
 def test_a_worker_whose_actor_is_gone_for_good_is_dropped_and_two_finish(ray_head, tmp_path):
   """3 workers on the Ray head, `--min-workers 2`: worker-2's actor killed at epoch 1 (as when
   its node is lost: its task's failure, -9, named; its process dies with it), and its task

@@ -132,9 +132,9 @@ def test_tfdist_estimate_of_1_2_and_4_workers_is_within_its_bound_of_a_replicas_
   def estimate(workers):
     (tmp_path / f"w{workers}.yaml").write_text(f"cluster: {{worker: {workers}}}\n"
                                                "training: {global_batch_size: 4096}\n")
-    return workers, subprocess.run(
+    return workers, forked.run(
         [sys.executable, "-m", "tfdist", "estimate", f"w{workers}.yaml", "--model",
-         "models:mlp"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+         "models:mlp"], cwd=tmp_path, env=ENV, timeout=120)
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     estimates = list(pool.map(estimate, (1, 2, 4)))

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping, Sequence
 from tfdist.config.loader import CONFIG_ENV
 from tfdist.config.schema import ClusterConfig, TaskConfig
 from tfdist.config.tf_config import tf_config_json, with_local_addresses
-from tfdist.machine.ports import free_ports
+from tfdist.machine.ports import HeldPorts, free_ports
 from tfdist.testing import forked
 
 
@@ -90,12 +90,15 @@ def python_argv(*args: str) -> list[str]:
 def run_everywhere(config_path: os.PathLike, argv: Sequence[str], log_dir: os.PathLike,
                    timeout: float, env: Mapping[str, str] | None = None) -> list[TaskProcess]:
   """Runs `argv` as every task of the config's cluster (given by counts) on free loopback
-  ports, waits for all of them, and returns the finished processes."""
+  ports (held until the run ends: `HeldPorts`), waits for all of them, and returns the
+  finished processes."""
   from tfdist.config.loader import load_config
 
-  cluster = local_cluster(load_config(config_path, environ={}).cluster)
-  processes = [start_task(task, argv, cluster, log_dir, config_path=config_path, env=env)
-               for task in cluster.tasks()]
-  with running(processes):
-    wait(processes, timeout)
+  cluster = load_config(config_path, environ={}).cluster
+  with HeldPorts(len(cluster.tasks())) as held:  # Until the run ends: its servers bind them.
+    cluster = with_local_addresses(cluster, held.ports)
+    processes = [start_task(task, argv, cluster, log_dir, config_path=config_path, env=env)
+                 for task in cluster.tasks()]
+    with running(processes):
+      wait(processes, timeout)
   return processes

@@ -37,12 +37,19 @@ class TaskActor:
     self._output: queue.Queue = queue.Queue()
     self._heartbeat = os.path.join(self._dir, "heartbeat")
     self._ended = threading.Event()
+    self._held = None  # The task's port (`node`).
 
   def node(self) -> tuple[str, int]:
-    """This node's address and a port free on it: the task's server address."""
-    import portpicker
+    """This node's address and a port free on it, the task's server address: the port picked
+    at the first call and held by this actor for its life (`HeldPorts`: no other program on
+    the node binds it meanwhile, TensorFlow's server still can). Picked and let go, it was
+    taken once before the task's server started ("Could not start gRPC server", three test
+    processes on 2 cores, 2026-11-28)."""
     import ray
-    return ray.util.get_node_ip_address(), portpicker.pick_unused_port()
+    from tfdist.machine.ports import HeldPorts
+    if self._held is None:
+      self._held = HeldPorts(1)
+    return ray.util.get_node_ip_address(), self._held.ports[0]
 
   def start(self, argv, env, files, cwd: str, python: str, heartbeat_env: str) -> int:
     """Starts the task's process; returns its pid on this node.
