@@ -2,8 +2,8 @@
 suite's shared preloaded TensorFlow (`tfdist.machine.preload.Shared`, named by the environment's
 `TFDIST_PRELOAD_SERVER`) where it may fork them, else as their own processes. A forked program
 is the program a fresh interpreter runs (`preload`'s text says how), without the 4-5 CPU-s of
-importing TensorFlow and the 1-2 of its teardown, which in tfdist's suite were a third of its
-CPU time (2026-11-28).
+importing TensorFlow and the 1-2 of its teardown (tfdist's suite ran 123 such imports outside
+its launches, 2026-11-28).
 
 Either way the program runs in a session of its own (`os.killpg(p.pid, SIGKILL)` ends it and
 its children) with no input, and its process has Popen's `pid`, `poll`, `wait`, `returncode`,
@@ -53,7 +53,9 @@ def popen(argv: Sequence[str], env: Mapping[str, str], *, stdout: int, stderr: i
   shared = env.get(preload.SHARED_ENV)
   if shared:
     with _LOCK:
-      client = _CLIENTS.setdefault(shared, preload.Preloaded())
+      if shared not in _CLIENTS:
+        _CLIENTS[shared] = preload.Preloaded()
+      client = _CLIENTS[shared]
     task = client.start(argv, env, cwd, stdout=stdout, stderr=stderr, own_server=False)
     if task is not None:
       return task
