@@ -6,6 +6,7 @@ arrays, datasets and generators where the argument applies; or refused in one li
 A parameter Keras adds fails `test_every_parameter_of_keras_has_a_case` until it has one.
 multi_worker_mirrored's cases: tests/test_keras_contract.py."""
 
+import functools
 import inspect
 
 import keras
@@ -94,6 +95,13 @@ def _plain(kwargs, epochs=EPOCHS):
   return history, model
 
 
+@functools.cache
+def _plain_case(case):
+  """`_plain` of `FIT_CASES[case]`, once per test process: each strategy's test of a case
+  compares with the same run (--dist loadfile keeps this file in one process)."""
+  return _plain(FIT_CASES[case])
+
+
 def _assert_same(history, model, want_history, want_model):
   assert history.epoch == want_history.epoch
   assert history.history.keys() == want_history.history.keys()
@@ -107,7 +115,7 @@ def _assert_same(history, model, want_history, want_model):
 @pytest.mark.parametrize("case", FIT_CASES)
 def test_fit_argument_has_its_keras_meaning(case, strategy):
   kwargs = FIT_CASES[case]
-  want_history, want_model = _plain(kwargs)
+  want_history, want_model = _plain_case(case)
   history = tfdist.fit(make_model, X, Y, config=config(strategy), epochs=EPOCHS, shuffle=False,
                        verbose=0, **kwargs)
   _assert_same(history, history.model, want_history, want_model)
@@ -132,14 +140,12 @@ def test_weights_of_a_dataset_or_generator_weigh_as_keras_does(weights, kind, st
   """Sample weights carried as a third element, or class_weight beside the data. A generator
   under mirrored is left out: after other fits in the process its second and third epochs
   differed from one device's in 3 of 8 runs (BUILD_NOTES.md, Known limits), not diagnosed."""
-  by_class = {0: 1.0, 1: 3.0}
-  want_history, want_model = _plain(
-      dict(sample_weight=W) if weights == "sample" else dict(class_weight=by_class))
+  want_history, want_model = _plain_case(f"{weights}_weight")  # The same weights as here.
   make = _dataset if kind == "dataset" else _generator
   data = make(X, Y, W) if weights == "sample" else make(X, Y)
   history = tfdist.fit(make_model, data, config=config(strategy), epochs=EPOCHS,
                        steps_per_epoch=ROWS // BATCH, verbose=0,
-                       **({} if weights == "sample" else dict(class_weight=by_class)))
+                       **({} if weights == "sample" else FIT_CASES["class_weight"]))
   _assert_same(history, history.model, want_history, want_model)
 
 

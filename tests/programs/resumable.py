@@ -15,7 +15,9 @@ instead, HANG_IN=input in its input (the data then come from `tf.data.Dataset.fr
 unshuffled: `train_plain(generator=True)` is its reference) when it draws batch s of epoch e.
 With SLOW_EPOCH_END=S the first task's first `on_epoch_end` takes S seconds. With
 LATE_STACKS=S a task whose fit goes S seconds without a batch's or an epoch's end after its
-first epoch, its end included, writes every thread's stack to its log (faulthandler). A
+first epoch, its end included, writes every thread's stack to its log (faulthandler), and a
+fit still running S seconds after its last epoch's end writes its native stacks too (py-spy
+dump --native, where py-spy is installed). A
 sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, what
 this task held beyond the weights (every variable of the process)."""
 
@@ -30,6 +32,7 @@ from tests.programs import equivalence_case as case
 
 EPOCHS = 6
 SEED = 7
+_NATIVE_WAITER = []  # LATE_STACKS's py-spy waiter, armed at the last epoch's end.
 
 
 def compile_args():
@@ -89,6 +92,18 @@ def _hangs_here(task, epoch, step) -> bool:
   return True
 
 
+def _native_stacks_later(seconds: float):
+  """py-spy's native dump of this process, `seconds` from now, into this task's output; the
+  started waiter (kill it when no longer wanted), or None without py-spy."""
+  import shutil
+  import subprocess
+  if not shutil.which("py-spy"):
+    return None
+  return subprocess.Popen(["sh", "-c", f"sleep {seconds}; echo NATIVE_STACKS; "
+                                       f"py-spy dump --native --pid {os.getpid()}"],
+                          start_new_session=True)
+
+
 def block_forever():
   """A deadlock in a user's callback: the process lives, its heartbeat beats."""
   import threading
@@ -114,6 +129,8 @@ class Progress:
     def end(epoch, logs):
       print(f"EPOCH_END {epoch}", flush=True)
       _late_stacks(arm=epoch > 0)  # Not over the first epoch's designed slow end.
+      if epoch + 1 == EPOCHS and os.environ.get("LATE_STACKS"):
+        _NATIVE_WAITER.append(_native_stacks_later(float(os.environ["LATE_STACKS"])))
       if os.environ.get("HANG_IN") == "epoch_end" and _hangs_here(task, epoch, 0):
         block_forever()
       if task in ("worker-0", "local") and epoch == 0:
@@ -154,6 +171,9 @@ if __name__ == "__main__":
   task = f"{config.task.type}-{config.task.index}" if config.task else "local"
   model = train(config, [Progress(task), *csv], task)
   _late_stacks(arm=False)
+  for waiter in filter(None, _NATIVE_WAITER):
+    if waiter.poll() is None:
+      os.killpg(waiter.pid, 9)
   if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
     from tfdist.testing import held_beyond_weights
     print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)

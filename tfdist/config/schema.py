@@ -356,7 +356,11 @@ class DataServiceConfig:
       trainer shares (each example once an epoch over all of them: the service's
       `distributed_epoch`); "per_trainer", each trainer its own whole pass (each example once
       an epoch per trainer, so N trainers train on N times the data an epoch). Needs the
-      service's roles.
+      service's roles. Either way the service splits each pass among the data workers as
+      they ask (its DYNAMIC sharding: a data worker that dies loses at most what it held,
+      never repeats it); its static policies (FILE, DATA, HINT) are not offered: they need
+      every trainer to read only its own host's data worker, and a restarted worker reads its
+      shard again from the start.
   """
   work_dir: str | None = None
   passes: Literal["shared", "per_trainer"] = "shared"
