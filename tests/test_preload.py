@@ -179,6 +179,27 @@ def _gone(pid, within=10):
   return not running(pid)
 
 
+def test_a_shared_servers_path_appears_only_once_it_listens(tmp_path, monkeypatch):
+  """`Shared` waits for the path only, and a launch that sees it connects at once: bound at
+  the path before it listened, a launch between the two was refused and started a server of
+  its own (seen once in a suite, in the test below)."""
+  import socket
+  path, seen = str(tmp_path / "s.sock"), []
+
+  class Watched(socket.socket):
+    def listen(self, *args):
+      seen.append(os.path.exists(path))
+      super().listen(*args)
+  monkeypatch.setattr(preload.socket, "socket", Watched)
+  listener = preload.listening_at(path)
+  try:
+    assert seen == [False], "the path was there before the socket listened"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as client:
+      client.connect(path)
+  finally:
+    listener.close()
+
+
 @pytest.mark.parametrize("kind", ["own", "shared"])
 def test_a_server_killed_takes_its_tasks_with_it(tmp_path, kind):
   program = tmp_path / "sleeps.py"

@@ -395,6 +395,19 @@ class Shared:
 # imports TensorFlow and Keras.
 
 
+def listening_at(path: str) -> socket.socket:
+  """A Unix socket listening at `path`, which appears only once it listens: bound at a
+  temporary name beside it and renamed. Bound at `path` itself, a launch that saw the file
+  between the bind and the listen was refused, and started a server of its own (a shared
+  server's test, once in a suite on 2 busy cores, 2026-11-29)."""
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  bound = os.path.join(os.path.dirname(path), f".{os.getpid()}.binding")
+  listener.bind(bound)
+  listener.listen(64)
+  os.rename(bound, path)
+  return listener
+
+
 def serve(fd: int | None = None, at: str | None = None, per_task: Sequence[str] = ()) -> None:
   """Imports TensorFlow and Keras, then forks a task for each request and says to its asker
   each one's pid and, once reaped, its exit code. `fd`: one launch's socket (ends when it
@@ -403,11 +416,8 @@ def serve(fd: int | None = None, at: str | None = None, per_task: Sequence[str] 
   ends by a signal)."""
   import selectors
   selector = selectors.DefaultSelector()
-  if at is not None:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(at)  # Before the import: a launch may connect now and wait for its hello.
-    listener.listen(64)
-    selector.register(listener, selectors.EVENT_READ, "listener")
+  if at is not None:  # Before the import: a launch may connect now and wait for its hello.
+    selector.register(listening_at(at), selectors.EVENT_READ, "listener")
   else:
     selector.register(socket.socket(fileno=fd), selectors.EVENT_READ)
   path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
