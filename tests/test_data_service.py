@@ -301,6 +301,25 @@ def test_a_dispatcher_killed_mid_epoch_recovers_from_its_work_dir_and_training_g
   _epochs_around_whole_and_none_twice(output)
 
 
+@pytest.mark.parametrize("words", [
+    "The dispatcher is not configured to be fault tolerant, so it cannot recover job 3",
+    "Failed to get element from worker 127.0.0.1:40931: Failed to get an element, with a "
+    "nonretryable error: Failed to get element: Failed to get split: Iteration id 2001 not "
+    "found"])
+def test_each_of_tensorflows_words_for_a_forgetful_dispatcher_is_said_in_one_line(words):
+  """The second came first in one suite's run of the test above (its data worker asked the
+  restarted dispatcher for a split before its reader asked about the job)."""
+  import tensorflow as tf
+  from tfdist.data_service import reading
+  with pytest.raises(tfdist.ConfigError, match="^data_service.work_dir: the tf.data service's "
+                     "dispatcher restarted and forgot the jobs being read"):
+    with reading.dispatcher_restarts_explained():
+      raise tf.errors.NotFoundError(None, None, words)
+  with pytest.raises(tf.errors.NotFoundError):  # Anything else is TensorFlow's own error.
+    with reading.dispatcher_restarts_explained():
+      raise tf.errors.NotFoundError(None, None, "Iteration of dataset 4 ended")
+
+
 def test_a_journal_without_a_dispatcher_is_refused_in_one_line():
   with pytest.raises(tfdist.ConfigError, match=re.escape(
       "data_service.work_dir: is the tf.data service dispatcher's journal: give the cluster "
