@@ -12,7 +12,7 @@ began, so each epoch waits ~0.7 s after its last batch (`reading.TASK_REFRESH_MS
 of single rows instead of 512-row chunks costs a dispatcher round trip a row (0.55x before).
 
 With `--trainers 2`: two trainers, processes sharing the first core, each training on half of
-each epoch: locally each runs its own half's pipeline (`shard`), served they share one pass
+each epoch: locally each runs its own half's pipeline, served they share one pass
 (one `distributed_epoch` job per epoch, as `tfdist.fit`'s trainers share it) from the data
 worker on the other core. Examples per second of both together over each epoch (the rows both
 trained on from the first one's start to the last one's end).
@@ -54,16 +54,17 @@ def _augment(x):
   return tf.reshape(m[:16, :16], (256,))
 
 
-def _timed_epochs(dataset, step, rounds: int) -> list[float]:
-  seconds = []
-  for epoch in range(rounds + 1):
-    began, rows = time.perf_counter(), 0
+def _timed_epochs(dataset, step, rounds: int) -> list[tuple[int, float, float]]:
+  """Each timed epoch's rows, start and end (wall clock, comparable across processes), after
+  a first that warms up (tracing, the service's first job)."""
+  epochs = []
+  for _ in range(rounds + 1):
+    began, rows = time.time(), 0
     for batch in dataset:
       step(batch)
       rows += int(batch.shape[0])
-    if epoch:  # The first warms up (tracing, the service's first job).
-      seconds.append(rows / (time.perf_counter() - began))
-  return seconds
+    epochs.append((rows, began, time.time()))
+  return epochs[1:]
 
 
 def _job(rows: slice = slice(None)):
@@ -89,8 +90,8 @@ def _job(rows: slice = slice(None)):
 
 
 def _trainer(spec: str) -> None:
-  """One of two trainers (`--as_trainer`): prints `EPOCH <json [rows, began, ended]>` for
-  each epoch, the first a warm-up."""
+  """One of two trainers (`--as_trainer`): prints `EPOCH <json [rows, began, ended]>` for its
+  timed epoch."""
   import tensorflow as tf
   from tfdist.data_service import reading
   index, contender, token, service = spec.split(":", 3)
@@ -102,12 +103,7 @@ def _trainer(spec: str) -> None:
     dataset, step = _job()
     dataset = reading.served(dataset, strategy=tf.distribute.get_strategy(), service=service,
                              global_batch=_BATCH, token=int(token))
-  for _ in range(2):
-    began, rows = time.time(), 0
-    for batch in dataset:
-      step(batch)
-      rows += int(batch.shape[0])
-    print("EPOCH " + json.dumps([rows, began, time.time()]), flush=True)
+  print("EPOCH " + json.dumps(_timed_epochs(dataset, step, 1)[0]), flush=True)
 
 
 def _two_trainers(contender: str, service: str) -> float:
@@ -124,8 +120,8 @@ def _two_trainers(contender: str, service: str) -> float:
   for trainer in trainers:
     out, _ = trainer.communicate(timeout=600)
     lines = [json.loads(l.split(" ", 1)[1]) for l in out.splitlines() if l.startswith("EPOCH ")]
-    assert trainer.returncode == 0 and len(lines) == 2, (trainer.returncode, out[-2000:])
-    epochs.append(lines[1])  # The timed epoch.
+    assert trainer.returncode == 0 and len(lines) == 1, (trainer.returncode, out[-2000:])
+    epochs += lines
   rows = sum(e[0] for e in epochs)
   assert rows == _ROWS, rows  # Both halves, or the one pass both shared.
   return rows / (max(e[2] for e in epochs) - min(e[1] for e in epochs))
@@ -177,7 +173,8 @@ def main(argv):
       figures = {name: [] for name in datasets}
       for _ in range(FLAGS.rounds):
         for name, dataset in datasets.items():
-          figures[name] += _timed_epochs(dataset, step, 1)
+          figures[name] += [rows / (ended - began)
+                            for rows, began, ended in _timed_epochs(dataset, step, 1)]
     base = statistics.median(next(iter(figures.values())))
     print("| contender | median examples/s | runs | ratio |\n|---|---|---|---|")
     for name, runs in figures.items():

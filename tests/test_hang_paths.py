@@ -30,8 +30,9 @@ def test_a_slow_run_and_a_slow_epoch_end_are_never_named(tmp_path):
   assert code == 0, output[-4000:]
   assert "hang:" not in output, output[-4000:]
   for log in sorted((tmp_path / "logs").glob("worker-*.log")):  # Shown in the warnings' summary.
-    if "Thread 0x" in log.read_text() or "NATIVE_STACKS" in log.read_text():
-      warnings.warn(f"a late end of fit in {log.name}:\n{log.read_text()[-6000:]}")
+    text = log.read_text()
+    if "Thread 0x" in text or "NATIVE_STACKS" in text:
+      warnings.warn(f"a late end of fit in {log.name}:\n{text[-6000:]}")
 
 
 def test_a_worker_blocked_in_its_own_loop_is_named_and_the_restart_finishes(tmp_path):

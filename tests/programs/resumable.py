@@ -23,6 +23,7 @@ this task held beyond the weights (every variable of the process)."""
 
 import json
 import os
+import signal
 import time
 
 import numpy as np
@@ -173,7 +174,7 @@ if __name__ == "__main__":
   _late_stacks(arm=False)
   for waiter in filter(None, _NATIVE_WAITER):
     if waiter.poll() is None:
-      os.killpg(waiter.pid, 9)
+      os.killpg(waiter.pid, signal.SIGKILL)
   if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
     from tfdist.testing import held_beyond_weights
     print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)
