@@ -19,7 +19,7 @@ from tfdist.training import keras_fixes, sharded_optimizer
 from tfdist.testing import forked
 from tests.conftest import REPO
 from tests.launching import ENV
-from tests.programs import custom_loop
+from tests.programs import custom_loop, sharded_bytes
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 MIRRORED = {"strategy": "mirrored", "devices": {"logical_cpus": 2}}
@@ -166,7 +166,7 @@ def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_pa
   assert done.returncode == 0 and "LOADED 10" in done.stdout, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("stage", ["1", "2"])
+@pytest.mark.parametrize("stage", ["1", "2", "3"])
 def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
   """The backup holds the whole optimizer, so a run over 3 replicas resumes a preempted
   2-replica run's backup, each replica taking its third, and ends with plain Keras's
@@ -311,6 +311,29 @@ def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(r
       two.get("CollectiveReduceV2", 0) < parameters, (parameters, two)
 
 
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_stage_3_equals_plain_keras_and_each_device_holds_one_nth(replicas):
+  """Stage 3 (`training.shard_parameters`): every TensorFlow variable the process holds as
+  training ends, the model's own among them, counted from the garbage collector: each device
+  holds 1/N of the weights and of Adam's moments (no whole copy of either), and the weights
+  are plain Keras's on one device (1e-5). TensorFlow traced an all-gather of the weights and
+  an all-to-all of the gradients, and no all-reduce of them."""
+  whole, sharded = _held(replicas, "off"), _held(replicas, "parameters")
+  assert len(sharded["held"]) == replicas
+  others = {d: b - whole["slots"] for d, b in whole["held"].items()}  # Counters, metrics.
+  state = whole["slots"] + whole["slots"] // 2  # Adam's moments and the weights, in bytes.
+  for device, held in sharded["held"].items():
+    beyond = held - others[device]
+    # 1/N of each, plus each shard's padding (a ring chunk: up to 64 bytes more), the shard
+    # optimizer's counter and learning rate, and the launchers' ordering tokens.
+    assert state / replicas <= beyond <= state / replicas + 3 * 64 + 16 + 8, (
+        device, held, whole)
+  assert sharded["diff"] < 1e-5, sharded["diff"]
+  traced = sharded["collectives"]
+  assert "CollectiveGatherV2" in traced and "CollectiveReduceV2" not in traced, traced
+  assert traced.get("CollectiveAllToAllV2", 0) >= sharded["weights"], traced
+
+
 @pytest.mark.parametrize("shape", [(), (7,), (2, 3), (3, 4, 5), (2, 1, 3, 2)])
 def test_a_flat_range_of_a_weight_is_written_as_boxes_numpy_reads_back_in_order(shape):
   """Every range [a, b) of a weight laid flat: NumPy's own indexing of each box gives the
@@ -352,16 +375,25 @@ def test_stage_2_in_pieces_equals_plain_keras(tmp_path, replicas_as):
   assert float(found["MAX_DIFF"]) < 1e-5, done.stdout[-3000:]
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_each_stage_across_two_worker_processes_equals_plain_keras(tmp_path, stage):
+  """Each stage on two MultiWorkerMirrored processes: both workers end with plain Keras's
+  weights on one device (1e-5); what TensorFlow traced shows each stage's collectives (stage 1
+  all-reduces the gradients, stages 2 and 3 all-to-all them and all-reduce none; each
+  all-gathers the weights' shards); under stage 3 each worker holds half of the weights and of Adam's
+  state, every variable of the process counted, and the chief's `model.save` is an ordinary
+  .keras file plain Keras loads with those weights."""
   config = tmp_path / "config.yaml"
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
                     "training: {global_batch_size: 96, epochs: 2, mixed_precision: 'off', "
                     "steps_per_execution: 1, fused_optimizer: false, shard_optimizer: true, "
-                    f"shard_gradients: {str(stage == 2).lower()}}}\n")
+                    f"shard_gradients: {str(stage >= 2).lower()}, "
+                    f"shard_parameters: {str(stage == 3).lower()}}}\n")
+  saved = tmp_path / "model.keras"
   done = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
                          str(tmp_path / "logs"), "--verbose", "--", sys.executable, "-m",
-                         "tests.programs.sharded_bytes", "2", "gradients"],
+                         "tests.programs.sharded_bytes", "2",
+                         "parameters" if stage == 3 else "gradients", str(saved)],
                         env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
   diffs = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
@@ -371,10 +403,20 @@ def test_each_stage_across_two_worker_processes_equals_plain_keras(tmp_path, sta
              if "WEIGHTS" in line]
   for line in (l for l in done.stdout.splitlines() if "COLLECTIVES" in l):  # Each worker's.
     traced = json.loads(line.split("COLLECTIVES ", 1)[1])
-    gradients = "CollectiveAllToAllV2" if stage == 2 else "CollectiveReduceV2"
+    gradients = "CollectiveAllToAllV2" if stage >= 2 else "CollectiveReduceV2"
     assert traced.get(gradients, 0) >= weights[0], (stage, weights, traced)
-    assert traced.get("CollectiveAllToAllV2", 0) == 0 or stage == 2, traced
+    assert traced.get("CollectiveAllToAllV2", 0) == 0 or stage >= 2, traced
     assert traced.get("CollectiveReduceV2", 0) < weights[0] or stage == 1, traced
+    assert "CollectiveGatherV2" in traced, traced  # The updated shards, or stage 3's weights.
+  if stage == 3:
+    state = 3 * weights[0] * 4  # The weights and Adam's two moments, unsharded, in bytes.
+    for line in (l for l in done.stdout.splitlines() if "HELD" in l):  # Every variable.
+      (held,) = json.loads(line.split("HELD ", 1)[1]).values()  # One device a worker.
+      # Half, each shard a ring chunk (up to 64 bytes more), and the counters (Adam's
+      # iterations and learning rate, the shard optimizer's, the launchers' tokens, metrics).
+      assert state / 2 <= held <= state / 2 + 3 * 64 + 256, (held, state)
+    loaded = keras.saving.load_model(saved)
+    _assert_same(loaded.get_weights(), sharded_bytes.plain())
 
 
 def test_stage_2_without_stage_1_is_refused_in_one_line():

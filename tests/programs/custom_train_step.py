@@ -58,22 +58,22 @@ def make_model(style):
   return model
 
 
-def compile_args():
-  return dict(optimizer=keras.optimizers.SGD(0.5),
+def compile_args(momentum=0.0):
+  return dict(optimizer=keras.optimizers.SGD(0.5 if not momentum else 0.1, momentum=momentum),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
-def train(config=None, style="reduce_mean"):
+def train(config=None, style="reduce_mean", momentum=0.0):
   x, y = data()
   history = tfdist.fit(lambda: make_model(style), x, y, config=config, shuffle=False, epochs=3,
-                       verbose=0, compile=compile_args)
+                       verbose=0, compile=lambda: compile_args(momentum))
   return [w.numpy() for w in history.model.weights], history.history["loss"]
 
 
-def train_plain(style="reduce_mean", batch_size=32):
+def train_plain(style="reduce_mean", batch_size=32, momentum=0.0):
   """The same training by plain Keras's `model.fit` on one device: the reference."""
   model = make_model(style)
-  model.compile(**compile_args())
+  model.compile(**compile_args(momentum))
   history = model.fit(*data(), batch_size=batch_size, epochs=3, shuffle=False, verbose=0)
   return [w.numpy() for w in model.weights], history.history["loss"]
 

@@ -2,14 +2,17 @@
 mirrored over N logical CPUs, and the distance to plain Keras's weights on one device.
 
 Prints `HELD {device: bytes}` (every TensorFlow variable alive but the model's weights, counted
-from the garbage collector's objects), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
+from the garbage collector's objects; with `parameters`, stage 3, every variable alive as
+training ends, the model's sharded weights among them, before `tfdist.fit` gives them back
+whole), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
 (Adam's two moments unsharded: twice the weights), `MAX_DIFF x` (the largest difference
 from plain Keras) and `COLLECTIVES {op type: elements}`: the elements each kind of collective
 op takes in, over every op TensorFlow put in a traced function during the fit
 (`tests.traced`: what ran is seen, not what tfdist says).
 
-Usage: python -m tests.programs.sharded_bytes N off|optimizer|gradients (under `tfdist
-launch`: the launched config's strategy and training)"""
+Usage: python -m tests.programs.sharded_bytes N off|optimizer|gradients|parameters [SAVED]
+(under `tfdist launch`: the launched config's strategy and training; SAVED: the trained model
+saved there by `model.save`, the chief's file)"""
 
 import json
 import sys
@@ -39,21 +42,31 @@ def plain():
   return model.get_weights()
 
 
-def main(replicas: str, mode: str) -> None:
+def main(replicas: str, mode: str, saved: str = "") -> None:
+  import keras
   import tfdist
-  from tfdist.testing import held_beyond_weights
+  from tfdist.testing import held_beyond_weights, held_variables
   from tests import traced
   from tests.programs import custom_loop
   config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
       "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
       "training": {"global_batch_size": 96, "epochs": 2, "mixed_precision": "off",
                    "steps_per_execution": 1, "fused_optimizer": False,
-                   "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
+                   "shard_optimizer": mode != "off",
+                   "shard_gradients": mode in ("gradients", "parameters"),
+                   "shard_parameters": mode == "parameters"}}
   x, y = custom_loop.data()
+  ended = {}
+
+  class Held(keras.callbacks.Callback):  # Stage 3's weights are sharded until fit ends.
+    def on_train_end(self, logs=None):
+      ended.update(held_variables())
   with traced.collectives() as collectives:
     model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
-                       compile=compile_args).model
-  held = held_beyond_weights(model)
+                       compile=compile_args, callbacks=[Held()]).model
+  held = ended if mode == "parameters" else held_beyond_weights(model)
+  if saved:  # Every worker saves (a collective gathers the optimizer's shards); one file.
+    model.save(saved)
   one = sum(w.numpy().nbytes for w in model.weights)
   print("HELD " + json.dumps(held), flush=True)
   print("COLLECTIVES " + json.dumps(traced.by_type(collectives)), flush=True)

@@ -266,6 +266,10 @@ DECISIONS: dict[str, Decision] = {
         "each replica reduces only its shard of the gradients, a reduce-scatter (ZeRO stage 2)",
         **_SHARDING,
         checked_by=("test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",)),
+    "training.shard_parameters": Decision(
+        "each replica holds 1/N of the weights, gathered whole for each step (ZeRO stage 3)",
+        **_SHARDING,
+        checked_by=("test_sharded_optimizer.py::test_stage_3_equals_plain_keras_and_each_device_holds_one_nth",)),
     "training.gradient_compression": Decision(
         "the gradients' all-reduce in bfloat16 or float16, the update in float32",
         needs=Needs("compression", "needs strategy {supporting}, not {name}: only they "

@@ -152,6 +152,10 @@ def _check_training(config: Config) -> None:
     raise ConfigError("needs training.shard_optimizer: true (stage 2 reduces each replica's "
                       "shard of the gradients for its shard of the optimizer's state)",
                       key="training.shard_gradients", received=True)
+  if training.shard_parameters and not training.shard_gradients:
+    raise ConfigError("needs training.shard_gradients: true (stage 3 updates each replica's "
+                      "shard of the weights from its reduce-scattered shard of the gradients)",
+                      key="training.shard_parameters", received=True)
   if training.shard_optimizer:
     _check_sharding(config)
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:

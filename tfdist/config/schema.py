@@ -266,6 +266,10 @@ class TrainingConfig:
       replica receives only its shard of the summed gradients (a reduce-scatter, half an
       all-reduce's traffic) instead of the whole sum, so the reduced gradients take 1/N of the
       bytes on each replica; the weights are the unsharded run's.
+    shard_parameters: also shard the weights (ZeRO stage 3; needs `shard_gradients`): each
+      replica holds 1/N of the trainable weights, all-gathered whole for each step and
+      updated shard by shard; `tfdist.fit` gives the model its whole weights back when it
+      ends (`tfdist.training.sharded_parameters`).
     gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
       network; the sum is rounded to that precision, as Horovod's fp16 compression) under
       mirrored and multi_worker_mirrored; none keeps them in their own dtype. Spelled
@@ -290,6 +294,7 @@ class TrainingConfig:
   gradient_accumulation_steps: int = _field(1, _POSITIVE)
   shard_optimizer: bool = False
   shard_gradients: bool = False
+  shard_parameters: bool = False
   gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
   average_every: int = _field(0, _NON_NEGATIVE)
   scale_learning_rate: bool = False

@@ -6,6 +6,6 @@ Takes: a trained model; a config and a program. Gives: bytes held by device; pro
 the end and killed by process group whatever the outcome. Never imported by the library itself.
 """
 
-from tfdist.testing.memory import held_beyond_weights
+from tfdist.testing.memory import held_beyond_weights, held_variables
 
-__all__ = ["held_beyond_weights"]
+__all__ = ["held_beyond_weights", "held_variables"]

@@ -33,15 +33,28 @@ def held_beyond_weights(model) -> dict[str, int]:
   held_beyond_weights(history.model)   # {".../device:CPU:0": 64, ".../device:CPU:1": 64}
   ```
   """
+  strategy = model.distribute_strategy
+  return held_variables({id(component) for w in model.weights
+                         for component in strategy.experimental_local_results(w.value)})
+
+
+def held_variables(leaving_out=frozenset()) -> dict[str, int]:
+  """{device: bytes} of every TensorFlow variable this process holds, found by the garbage
+  collector, but those whose `id` is in `leaving_out`.
+
+  Example:
+
+  ```python
+  held_variables()   # {"/job:localhost/replica:0/task:0/device:CPU:0": 1180, ...}
+  ```
+  """
   import tensorflow as tf
   from tensorflow.python.ops import resource_variable_ops
-  strategy = model.distribute_strategy
-  weights = {id(component) for w in model.weights
-             for component in strategy.experimental_local_results(w.value)}
   gc.collect()
   held: dict[str, int] = {}
   for obj in gc.get_objects():
-    if isinstance(obj, resource_variable_ops.BaseResourceVariable) and id(obj) not in weights:
+    if isinstance(obj, resource_variable_ops.BaseResourceVariable) and \
+        id(obj) not in leaving_out:
       device = tf.DeviceSpec.from_string(obj.device).to_string()
       held[device] = held.get(device, 0) + int(np.prod(obj.shape)) * obj.dtype.size
   return held

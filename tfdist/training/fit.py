@@ -313,7 +313,7 @@ def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
 
 def _announce(run: _Run) -> None:
   """The chief's start line, resume line and schedule warning."""
-  from tfdist.training import report, sharded_optimizer
+  from tfdist.training import report, sharded_optimizer, sharded_parameters
   config = run.config
   if not is_chief(config):
     return
@@ -321,7 +321,9 @@ def _announce(run: _Run) -> None:
       strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution,
       fused=run.installed.fused, accumulation=run.installed.accumulation,
-      sharded=sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
+      sharded="; ".join(filter(None, (
+          sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
+          sharded_parameters.describe(run.model)))) or None,
       shuffled_arrays=run.shuffled_arrays,
       data_workers=config.cluster.data_worker if run.served else 0,
       passes=config.data_service.passes))
@@ -410,7 +412,8 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
 def _finish(run: _Run) -> None:
   """The model given back in the user's dtype policy (where tfdist chose half precision), then
   saved: tfdist's final model, and the user's `model.save` on the chief alone."""
-  from tfdist.training import checkpoints, dtype_policy, user_files
+  from tfdist.training import checkpoints, dtype_policy, sharded_parameters, user_files
+  sharded_parameters.materialise(run.model)  # Whole weights again, on every worker.
   dtype_policy.give_back(run.model, run.chosen.policy, run.built_with)
   # Keras's own evaluate, predict and fit on the model run as the user compiled it.
   run.model.steps_per_execution = run.compiled_per_call
@@ -493,6 +496,7 @@ def _build(run: _Run, model_fn, compile) -> None:
     run.model, run.compiled_per_call = model, model.steps_per_execution
     run.installed = settings.install_on_optimizer(
         run.optimizer, strategy, config, settings.paths_of(config, settings.FIT))
+    settings.shard_parameters([model], model.optimizer, strategy, config)
     if config.parallel.enabled:
       _split(run)
 

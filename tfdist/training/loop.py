@@ -58,7 +58,8 @@ from tfdist.data_service import reading
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
 from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
-                             report, settings, sharded_optimizer, user_files)
+                             report, settings, sharded_optimizer, sharded_parameters,
+                             user_files)
 
 
 class TrainingLoop:
@@ -233,7 +234,10 @@ class TrainingLoop:
       with self.scope():
         optimizer.build(variables)
     replica_math.weight_gradients_by_share(inner)
-    self._sharded = sharded_optimizer.describe(optimizer, variables) or self._sharded
+    settings.shard_parameters(models, optimizer, self.strategy, self.config)
+    self._sharded = "; ".join(filter(None, (
+        sharded_optimizer.describe(optimizer, variables),
+        *(sharded_parameters.describe(m) for m in models)))) or self._sharded
     if self.asynchronous:
       keras_fixes.sum_deltas([optimizer.iterations])
     self._tracked[f"optimizer_{len(self._tracked)}"] = optimizer

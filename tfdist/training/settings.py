@@ -42,6 +42,7 @@ APPLIERS = {
     "training.gradient_accumulation_steps": "install_on_optimizer",
     "training.shard_optimizer": "install_on_optimizer",
     "training.shard_gradients": "install_on_optimizer",
+    "training.shard_parameters": "shard_parameters",
     "training.gradient_compression": "install_on_optimizer",
     "training.average_every": "install_on_optimizer",
     "training.scale_learning_rate": "learning_rate_schedule",
@@ -301,6 +302,29 @@ def _shard(optimizer, strategy, config: Config, gradients: bool) -> None:
                       received=type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
                       source=config.source)
   sharded_optimizer.install(optimizer, strategy, gradients=gradients)
+
+
+def shard_parameters(models, optimizer, strategy, config: Config) -> None:
+  """Shards the trainable weights of the model `optimizer` updates (`models`, one) over the
+  replicas (ZeRO stage 3, `training.shard_parameters`) after `install_on_optimizer` installed
+  stage 2; nothing when the key is off.
+
+  Raises:
+    ConfigError: naming the key, when the model or its optimizer cannot be sharded.
+  """
+  if not config.training.shard_parameters:
+    return
+  from tfdist.training import sharded_parameters
+  if len(models) != 1:
+    raise ConfigError(f"shards the weights of the one model an optimizer updates; this one "
+                      f"updates {len(models)} models' weights", key="training.shard_parameters",
+                      received=True, source=config.source)
+  model = models[0]
+  why = sharded_parameters.refusal(model, optimizer)
+  if why:
+    raise ConfigError(f"cannot shard this model's weights: {why}",
+                      key="training.shard_parameters", received=True, source=config.source)
+  sharded_parameters.install(model, optimizer, strategy)
 
 
 def _votes_across_workers(config: Config) -> bool:

@@ -159,6 +159,7 @@ class _Shards:
 
   def __init__(self, optimizer, strategy, scatter: bool = False):
     self.optimizer, self.strategy, self.scatter = optimizer, strategy, scatter
+    self.held = None  # Stage 3's `sharded_parameters.Parameters`: the weights' own shards.
     self.replicas = strategy.num_replicas_in_sync
     ids = strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
@@ -222,17 +223,29 @@ class _Shards:
     # by the accumulation steps, the shard optimizer's the same.
     self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
 
+    held = self.held
+
     def update_shard(slot, *values):
       device = tf.DeviceSpec.from_string(slot.device).to_string()
       replica = self.replica_of[device]
       values = [tf.convert_to_tensor(v) for v in values]  # A sparse gradient made dense.
-      self.weights.assign(self._slice(values[len(grads):], replica))
+      if held is not None:  # Stage 3: the weights' shard is a variable of its own.
+        self.weights.assign(held.component(device).read_value())
+      else:
+        self.weights.assign(self._slice(values[len(grads):], replica))
       if self.scatter:  # This replica's own gradients: its shard of their sum.
         gradient = self._scattered(values[:len(grads)], replica, self.launchers[device])
       else:  # Summed already (Keras's all-reduce): its shard of them.
         gradient = self._slice(values[:len(grads)], replica)
       self.shard.update_step(gradient, self.weights, learning_rate)
+      if held is not None:
+        held.component(device).assign(self.weights.value)
       return tf.identity(self.weights.value)
+    if held is not None:  # The model's variables hold nothing to read: the gradients alone.
+      distribution.extended.update(self.anchor.value, update_shard, args=tuple(grads),
+                                   group=False)
+      held.forget()
+      return
     shards = distribution.extended.update(self.anchor.value, update_shard,
                                           args=(*grads, *variables), group=False)
     self._write_gathered(distribution, shards if isinstance(shards, (tuple, list)) else [shards],

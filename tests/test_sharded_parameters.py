@@ -1,0 +1,140 @@
+"""Parameter sharding (issue 62, `training.shard_parameters`, ZeRO stage 3) as a Keras user meets
+it: a user's own `tfdist.TrainingLoop` step and a subclass's own `train_step` train as on one
+device; during `tfdist.fit` the user's callbacks read whole weights and validation is plain
+Keras's; after it the model is an ordinary one (Keras's evaluate, predict, save, load); what
+cannot be sharded is refused in one line naming the key. The bytes each device holds, 2 and 3
+replicas, two worker processes and a resume over another replica count:
+tests/test_sharded_optimizer.py."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.programs import custom_loop, custom_train_step
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+STAGE_3 = {"shard_optimizer": True, "shard_gradients": True, "shard_parameters": True}
+MIRRORED = {"strategy": "mirrored", "devices": {"logical_cpus": 2}}
+
+
+def _assert_same(got, want, atol=1e-5):
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol)
+
+
+def test_a_users_own_loop_step_gives_one_devices_weights_losses_and_metrics():
+  """TensorFlow's custom-training loop as a user ports it (`tape.gradient` over
+  `model.trainable_variables`, `model.losses`' L2 term, a Keras accuracy), every weight held
+  as halves: the hand-written one-device loop's weights, per-epoch losses and accuracies."""
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "mixed_precision": "off",
+                                     "steps_per_execution": 3, **STAGE_3}}
+  weights, losses, accuracies = custom_loop.train(config, "reduce_mean")
+  want_weights, want_losses, want_accuracies = custom_loop.train_by_hand("reduce_mean", 3)
+  _assert_same(weights, want_weights)
+  np.testing.assert_allclose(losses, want_losses, atol=1e-5)
+  np.testing.assert_allclose(accuracies, want_accuracies, atol=1e-6)
+
+
+@pytest.mark.parametrize("style", ["reduce_mean", "compute_loss"])
+def test_a_subclass_train_step_trains_as_one_device(style):
+  """Keras's "customizing what happens in fit" train_step, unchanged: plain Keras's weights and
+  losses on one device (momentum SGD: plain SGD keeps no state to shard)."""
+  training = {"global_batch_size": 32, "mixed_precision": "off", **STAGE_3}
+  weights, losses = custom_train_step.train({**MIRRORED, "training": training}, style, 0.9)
+  want_weights, want_losses = custom_train_step.train_plain(style, momentum=0.9)
+  _assert_same(weights, want_weights)
+  np.testing.assert_allclose(losses, want_losses, atol=1e-5)
+
+
+def _model():
+  keras.utils.set_random_seed(5)
+  return keras.Sequential([keras.Input((16,)), keras.layers.Dense(24, activation="relu"),
+                           keras.layers.Dense(2)])
+
+
+def _compiled(model):
+  model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+class _Seen(keras.callbacks.Callback):
+  """What a user's callback reads at each epoch's end: the weights, by Keras's own method."""
+
+  def __init__(self):
+    super().__init__()
+    self.weights = []
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.weights.append(self.model.get_weights())
+
+
+def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
+  """During fit a user's callback's `get_weights` and Keras's validation read whole weights
+  (plain Keras's, epoch by epoch); after it Keras's own evaluate, predict and `model.save` run
+  on an ordinary model, and plain Keras loads the file with the same weights."""
+  x, y = custom_loop.data()
+  plain, plain_seen = _compiled(_model()), _Seen()
+  want = plain.fit(x[:192], y[:192], batch_size=32, epochs=2, shuffle=False, verbose=0,
+                   validation_data=(x[192:], y[192:]), callbacks=[plain_seen]).history
+  seen = _Seen()
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
+                                     "mixed_precision": "off", **STAGE_3}}
+  history = tfdist.fit(lambda: _compiled(_model()), x[:192], y[:192], config=config,
+                       shuffle=False, verbose=0, validation_data=(x[192:], y[192:]),
+                       callbacks=[seen])
+  assert "weights sharded over 2 replicas, " in capsys.readouterr().out  # The start line.
+  for got, expected in zip(seen.weights, plain_seen.weights, strict=True):
+    _assert_same(got, expected)
+  for key in ("val_loss", "val_accuracy", "loss"):
+    np.testing.assert_allclose(history.history[key], want[key], atol=1e-5)
+  model = history.model
+  np.testing.assert_allclose(model.evaluate(x[192:], y[192:], verbose=0),
+                             plain.evaluate(x[192:], y[192:], verbose=0), atol=1e-5)
+  np.testing.assert_allclose(model.predict(x[:40], verbose=0),
+                             plain.predict(x[:40], verbose=0), atol=1e-5)
+  model.save(tmp_path / "model.keras")
+  _assert_same(keras.saving.load_model(tmp_path / "model.keras").get_weights(),
+               plain.get_weights())
+
+
+@pytest.mark.parametrize("training,layer,optimizer,message", [
+    ({"shard_gradients": False}, None, None,
+     "needs training.shard_gradients: true (stage 3 updates"),
+    ({}, {"kernel_constraint": "non_neg"}, None,
+     "cannot shard this model's weights: a constraint rewrites a whole weight"),
+    ({}, None, lambda: keras.optimizers.AdamW(0.01),
+     "cannot shard this model's weights: weight_decay decays whole weights"),
+    ({"gradient_accumulation_steps": 2}, None, None,
+     "cannot shard this model's weights: gradient accumulation keeps a whole accumulator"),
+], ids=["without_stage_2", "constraint", "weight_decay", "accumulation"])
+def test_what_cannot_be_sharded_is_refused_in_one_line(training, layer, optimizer, message):
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 1,
+                                     "mixed_precision": "off", **STAGE_3, **training}}
+
+  def model_fn():
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4, **(layer or {})),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=(optimizer or (lambda: keras.optimizers.Adam(0.01)))(),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+  x, y = custom_loop.data()
+  with pytest.raises(tfdist.ConfigError) as refused:
+    tfdist.fit(model_fn, x, y, config=config, verbose=0)
+  assert str(refused.value).startswith(
+      f"<dict>: training.shard_parameters: {message}"), \
+      str(refused.value)
+  assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("strategy", ["central_storage", "one_device"])
+def test_a_strategy_whose_replicas_do_not_each_hold_the_weights_is_refused_in_one_line(
+    strategy):
+  """(A split model's refusal is generated from `config.honoured`: tests/test_honoured.py.)"""
+  with pytest.raises(tfdist.ConfigError) as refused:
+    tfdist.load_config({"strategy": strategy, "training": STAGE_3})
+  assert str(refused.value).startswith(
+      "<dict>: training.shard_optimizer: needs strategy mirrored or multi_worker_mirrored"), \
+      str(refused.value)
+  assert "\n" not in str(refused.value)

@@ -1,0 +1,279 @@
+"""Parameter sharding (ZeRO stage 3, arXiv 1910.02054; PyTorch's FSDP) under mirrored and
+multi_worker_mirrored: each of the N replicas holds 1/N of the trainable weights, beside its
+1/N of the optimizer's state (stage 1) and of the reduced gradients (stage 2).
+
+The weights are laid end to end and cut as stages 1 and 2 cut them (`reduce_scatter.
+shard_size`, TensorFlow's ring chunks): one variable of a shard's size per replica
+(`Parameters.flat`, a mirrored variable whose component on replica r holds r's shard). The
+model's own Keras variables keep their names, shapes and dtypes but hold no value
+(`_Sharded`): the first read of any of them in a step, in a replica, all-gathers the shards
+(one collective of the whole model, `launcher.all_gather`) and every read of the step takes
+its piece of that; a `tf.GradientTape` watches the piece as it would the variable, so Keras's
+`train_step`, a subclass's own and a `tfdist.TrainingLoop` step run unchanged. The optimizer
+(stage 2's) reduce-scatters each replica's gradients, updates its shard of the weights in the
+shard variable and drops the step's gathered weights. The step's transient peak is the whole
+model's weights gathered (twice: the gathered vector and its pieces), not a layer at a time.
+
+Reads outside a step (`get_weights`, `numpy`, `model.save`, a checkpoint) gather the variable's
+value across the replicas (under multi_worker_mirrored a collective: every worker reads, as
+Keras asks of a multi-worker save); writes (`set_weights`, `load_weights`, a backup restored)
+write each replica's part of the value into its shard. `tfdist.fit` gives the model its whole
+weights back when it ends (`materialise`): Keras's own evaluate, predict, fit, `model.save` and
+`model.export` then run on an ordinary model whose optimizer stays stage 2's.
+
+```yaml
+training: {shard_optimizer: true, shard_gradients: true, shard_parameters: true}
+strategy: multi_worker_mirrored
+```
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import tensorflow as tf
+from keras.src.backend.common import stateless_scope
+from keras.src.backend.tensorflow.core import Variable as _KerasVariable  # Keras's TF variable
+from tensorflow.python.eager import tape as tape_lib
+
+from tfdist.training import reduce_scatter
+
+
+def refusal(model, optimizer) -> str | None:
+  """Why the weights of `model` trained by `optimizer` cannot be sharded (a sentence), or None.
+
+  Args:
+    model: the built Keras model.
+    optimizer: its optimizer (a LossScaleOptimizer's inner one is looked at).
+  """
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  variables = model.trainable_variables
+  if not model.built or not variables:
+    return "the model has no built trainable weights to shard (build it in model_fn)"
+  constrained = [v.path for v in variables if v.constraint is not None]
+  if constrained:
+    return (f"a constraint rewrites a whole weight after each update ({constrained[0]}); "
+            "each replica holds only its shard of it")
+  if inner.weight_decay:
+    return ("weight_decay decays whole weights outside the optimizer's update; each replica "
+            "holds only its shard of them")
+  if (inner.gradient_accumulation_steps or 1) > 1:
+    return "gradient accumulation keeps a whole accumulator of every weight on every replica"
+  dtypes = {v.dtype for v in variables}
+  if len(dtypes) != 1:
+    return f"the trainable weights must share one dtype to be laid end to end: {sorted(dtypes)}"
+  return None
+
+
+def install(model, optimizer, strategy) -> "Parameters":
+  """Shards the trainable weights of `model` over the replicas of `strategy`: each replica
+  keeps 1/N of them, updated by `optimizer`'s stage-2 shards. Call after the model is built
+  and compiled and stage 2 installed (`sharded_optimizer.install(..., gradients=True)`), in or
+  out of the strategy's scope, every worker at once.
+
+  Args:
+    model: a built Keras model (`refusal` says None).
+    optimizer: its optimizer, stage 2 installed, not yet stepped.
+    strategy: the run's MirroredStrategy or MultiWorkerMirroredStrategy.
+
+  Returns:
+    The `Parameters` holding the shards.
+
+  Example:
+
+  ```python
+  strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+  with strategy.scope():
+    model = make_model()
+    model.compile(keras.optimizers.Adam(), "mse")
+    sharded_optimizer.install(model.optimizer, strategy, gradients=True)
+    held = install(model, model.optimizer, strategy)
+  model.fit(x, y)          # each device holds half of the weights and of Adam's moments
+  materialise(model)       # whole weights again
+  ```
+  """
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  shards = inner.tfdist_shards
+  variables = list(model.trainable_variables)
+  # The optimizer finds a variable's slots by its TensorFlow variable's id: kept from before.
+  keys = {id(v): inner._var_key(v) for v in variables}  # pylint: disable=protected-access
+  own_key = inner._var_key  # pylint: disable=protected-access
+  for holder in {id(optimizer): optimizer, id(inner): inner}.values():
+    holder._var_key = lambda variable: keys.get(id(variable)) or own_key(variable)
+  held = Parameters(variables, strategy)
+  shards.held = held
+  for index, variable in enumerate(variables):
+    variable._tfdist_held, variable._tfdist_index = held, index
+    variable.__class__ = _Sharded
+    variable._value = None  # The whole weight, freed.
+  model._tfdist_parameters = held
+  return held
+
+
+def materialise(model) -> None:
+  """Gives `model`'s sharded weights their whole values back, as ordinary Keras variables of
+  the strategy's, and leaves the optimizer at stage 2 (it updates whole weights again). Every
+  worker calls it at once. Nothing when the model's weights are not sharded."""
+  held = getattr(model, "_tfdist_parameters", None)
+  if held is None:
+    return
+  values = [held.whole_value(i) for i in range(len(held.variables))]
+  with held.strategy.scope():
+    for variable, value in zip(held.variables, values):
+      variable.__class__ = _KerasVariable
+      del variable._tfdist_held, variable._tfdist_index
+      variable._initialize(value)
+  held.release()
+  model._tfdist_parameters = None
+
+
+def describe(model) -> str | None:
+  """The start line's words for sharded weights: the replicas and the bytes each no longer
+  holds; None when not sharded."""
+  held = getattr(model, "_tfdist_parameters", None)
+  if held is None:
+    return None
+  whole = sum(held.sizes) * held.itemsize
+  return (f"weights sharded over {held.replicas} replicas, "
+          f"{(whole - held.size * held.itemsize) / 2**20:.2f} MiB less on each, gathered whole "
+          "for each step (training.shard_parameters: false)")
+
+
+class Parameters:
+  """The shards of a model's trainable weights, one per replica, and their reads and writes."""
+
+  def __init__(self, variables, strategy):
+    self.variables, self.strategy = list(variables), strategy
+    self.replicas = strategy.num_replicas_in_sync
+    self.shapes = [tuple(v.shape) for v in self.variables]
+    self.sizes = [int(np.prod(s)) for s in self.shapes]
+    self.dtype = self.variables[0].dtype
+    self.itemsize = np.dtype(self.dtype).itemsize
+    self.size = reduce_scatter.shard_size(sum(self.sizes), self.replicas, self.itemsize)
+    self.launchers = reduce_scatter.replica_launchers(strategy)
+    whole = np.concatenate([np.reshape(v.numpy(), -1) for v in self.variables])
+    whole = np.pad(whole, [0, self.size * self.replicas - whole.size])
+    with strategy.scope():  # Under multi_worker_mirrored a collective: every worker makes it.
+      self.flat = tf.Variable(tf.zeros([self.size], self.dtype), trainable=False,
+                              name="tfdist_weights_shard")
+    self.components = {_canonical(c.device): c
+                       for c in strategy.experimental_local_results(self.flat)}
+    ids = strategy.experimental_distribute_values_from_function(
+        lambda context: context.replica_id_in_sync_group)
+    self.replica_of = {_canonical(d): int(i) for d, i in zip(
+        strategy.extended.worker_devices, strategy.experimental_local_results(ids))}
+    self.device_of = {r: d for d, r in self.replica_of.items() if d in self.components}
+    for device, component in self.components.items():
+      r = self.replica_of[device]
+      component.assign(whole[r * self.size:(r + 1) * self.size])
+    # {graph (None: eager): {replica's device: the step's gathered pieces}}
+    self._gathered: dict = weakref.WeakKeyDictionary()
+    self._eager: dict = {}
+
+  # -- Reads. ---------------------------------------------------------------------------------
+
+  def read(self, index: int) -> tf.Tensor:
+    """Weight `index`'s value where it is read: in a replica, its piece of the step's gathered
+    weights (gathered at the first read); elsewhere gathered for this read."""
+    if not (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False
+            and tf.distribute.get_strategy() is self.strategy):
+      return self._whole(index)
+    replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+    device = self.device_of[int(replica)]
+    cache = self._eager if tf.executing_eagerly() else \
+        self._gathered.setdefault(tf.compat.v1.get_default_graph(), {})
+    if device not in cache:
+      launcher = self.launchers[device]
+      whole = launcher.all_gather(self.components[device].read_value(), axis=0)
+      cache[device] = self._pieces(whole)
+    return cache[device][index]
+
+  def whole_value(self, index: int) -> np.ndarray:
+    """Weight `index`'s whole value (NumPy), gathered across the replicas."""
+    return self._whole(index).numpy()
+
+  def _whole(self, index: int) -> tf.Tensor:
+    local = [self.components[d].read_value() for d in sorted(
+        self.components, key=self.replica_of.__getitem__)]
+    if len(local) == self.replicas:  # One process holds every replica.
+      whole = tf.concat(local, 0)
+    else:
+      first = min(self.replica_of.values())
+      shards = self.strategy.experimental_distribute_values_from_function(
+          lambda context: local[context.replica_id_in_sync_group - first])
+      whole = self.strategy.gather(shards, axis=0)
+    start = sum(self.sizes[:index])
+    return tf.reshape(whole[start:start + self.sizes[index]], self.shapes[index])
+
+  def _pieces(self, whole):
+    pad = self.size * self.replicas - sum(self.sizes)
+    pieces = tf.split(whole, [*self.sizes, pad] if pad else self.sizes)
+    return [tf.reshape(p, s) for p, s in zip(pieces, self.shapes)]
+
+  def forget(self) -> None:
+    """Drops the gathered weights of the graph being traced (and eager ones): the shards were
+    written, the next read gathers them anew."""
+    self._eager.clear()
+    if not tf.executing_eagerly():
+      self._gathered.pop(tf.compat.v1.get_default_graph(), None)
+
+  # -- Writes. --------------------------------------------------------------------------------
+
+  def component(self, device: str):
+    """The shard variable's component on `device` (a replica's shard)."""
+    return self.components[_canonical(device)]
+
+  def write(self, index: int, value) -> None:
+    """Weight `index` set to `value` (whole): each replica's part written into its shard."""
+    flat = tf.reshape(tf.cast(value, self.dtype), [-1])
+    begin = sum(self.sizes[:index])
+    end = begin + self.sizes[index]
+    for device, component in self.components.items():
+      at = self.replica_of[device] * self.size
+      lo, hi = max(begin, at), min(end, at + self.size)
+      if lo < hi:
+        component[lo - at:hi - at].assign(flat[lo - begin:hi - begin])
+    self.forget()
+
+  def release(self) -> None:
+    self.flat = self.components = None
+    self._gathered, self._eager = weakref.WeakKeyDictionary(), {}
+
+
+class _Sharded(_KerasVariable):
+  """A model's Keras variable whose value lives in the replicas' shards (`Parameters`): its
+  name, shape, dtype, path and trainability are the variable's; reading it gives the gathered
+  value (`handle` too: a GradientTape watches it), assigning it writes the shards."""
+
+  @property
+  def value(self):
+    scope = stateless_scope.get_stateless_scope()  # Keras's stateless_call: its values.
+    if scope is not None and (given := scope.get_current_value(self)) is not None:
+      return self._maybe_autocast(given)
+    held = self.handle
+    if self.trainable:
+      tape_lib.variable_accessed(self)  # The tapes watch `handle`: gradients reach the piece.
+    return self._maybe_autocast(held)
+
+  @property
+  def handle(self):
+    return self._tfdist_held.read(self._tfdist_index)
+
+  def _direct_assign(self, value):
+    self._tfdist_held.write(self._tfdist_index, value)
+
+  @property
+  def _shared_name(self):
+    return self.name
+
+  def _serialize_to_tensors(self):
+    return {"VARIABLE_VALUE": self.value}
+
+  def _restore_from_tensors(self, restored_tensors):
+    self.assign(restored_tensors["VARIABLE_VALUE"])
+    return self.value
+
+
+def _canonical(device: str) -> str:
+  return tf.DeviceSpec.from_string(device).to_string()
