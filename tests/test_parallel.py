@@ -254,6 +254,10 @@ def test_the_estimate_says_when_sharding_the_optimizer_makes_a_model_fit():
   assert sharded.optimizer == 2 * (-(-model.count_params() // 4)) * 4  # Adam's 2 slots, 1/4.
   both = plan["sharded_gradients"]  # Stage 2: the reduced gradients a quarter too.
   assert (both.optimizer, both.gradients) == (sharded.optimizer, -(-whole.gradients // 4))
+  third = plan["sharded_parameters"]  # Stage 3: a quarter of the weights held; the whole
+  assert (third.weights, third.working) == (  # gathered for the step: never the smaller peak.
+      -(-trainable // 4), whole.working + trainable)
+  assert third.variables < both.variables and third.total > both.total
   between = (whole.total + sharded.total) // 2
   assert estimates.recommend(plan, between).startswith(
       "data parallel with the optimizer's state sharded (training.shard_optimizer: true): ")
@@ -298,6 +302,8 @@ def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
              for line in lines), done.stdout
   assert any(line.startswith("  + gradients sharded") and f"{sharded / 2:.2f} MiB" in line
              for line in lines), done.stdout
+  assert any(line.startswith("  + weights sharded") and f"{weights / 2:.2f} MiB" in line
+             for line in lines), done.stdout  # Stage 3: half the weights held.
   # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.
   milliseconds = 1000 * 2 * 511 / 512 * 814090 * 4 / 12.5e9
   assert f"   512 devices: {milliseconds:.2f} ms a step" in done.stdout

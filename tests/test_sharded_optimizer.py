@@ -116,24 +116,26 @@ def test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras(optimi
     assert whole_bytes / 2 <= held <= whole_bytes / 2 + 64 * len(inner.tfdist_shards.slots)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-@pytest.mark.parametrize("training,clip", [
-    ({"gradient_accumulation_steps": 2}, None),
-    ({}, 0.05),
-    ({"mixed_precision": "float16"}, None),
-], ids=["accumulation", "global_clipnorm", "loss_scaling"])
-def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(training, clip,
-                                                                             stage):
+_CASES = {"accumulation": ({"gradient_accumulation_steps": 2}, None),
+          "global_clipnorm": ({}, 0.05), "loss_scaling": ({"mixed_precision": "float16"}, None)}
+
+
+@pytest.mark.parametrize("stage,case", [  # Stage 3 refuses accumulation (its own test).
+    (stage, case) for stage in (1, 2, 3) for case in _CASES
+    if (stage, case) != (3, "accumulation")])
+def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(stage, case):
   # Keras clips each replica's gradients before they are summed (tensorflow/tensorflow#33929):
   # under clipping the reference is plain Keras's own MirroredStrategy, which tfdist keeps.
   # Under float16 each replica's half batch is computed and rounded apart from the whole. Adam
   # moves a weight whose gradient is near zero by up to its learning rate on such a rounding
   # (7.0e-3 on an AVX2 CPU, 1.3e-3 with oneDNN), and it cannot tell a gradient left scaled by
   # the loss scale: momentum SGD does (4.3e-4 apart on the AVX2 CPU), so loss scaling uses it.
+  training, clip = _CASES[case]
   half = training.get("mixed_precision") == "float16"
   optimizer = "sgd_momentum" if half else "adam"
   want = _clipped_mirrored(clip) if clip else _plain(optimizer, **training).get_weights()
-  sharded = _fit(optimizer, True, clip, shard_gradients=stage == 2, **training)
+  sharded = _fit(optimizer, True, clip, shard_gradients=stage >= 2,
+                 shard_parameters=stage == 3, **training)
   _assert_same(sharded.get_weights(), want, atol=5e-3 if half else 1e-5)
   assert hasattr(getattr(sharded.optimizer, "inner_optimizer", sharded.optimizer),
                  "tfdist_shards")
@@ -317,7 +319,10 @@ def test_stage_3_equals_plain_keras_and_each_device_holds_one_nth(replicas):
   training ends, the model's own among them, counted from the garbage collector: each device
   holds 1/N of the weights and of Adam's moments (no whole copy of either), and the weights
   are plain Keras's on one device (1e-5). TensorFlow traced an all-gather of the weights and
-  an all-to-all of the gradients, and no all-reduce of them."""
+  an all-to-all of the gradients, and no all-reduce of them. `tfdist estimate`'s stage-3 row
+  says what each device holds (its weights and optimizer state) to within the shards'
+  padding."""
+  from tfdist.parallel import estimates
   whole, sharded = _held(replicas, "off"), _held(replicas, "parameters")
   assert len(sharded["held"]) == replicas
   others = {d: b - whole["slots"] for d, b in whole["held"].items()}  # Counters, metrics.
@@ -328,6 +333,12 @@ def test_stage_3_equals_plain_keras_and_each_device_holds_one_nth(replicas):
     # optimizer's counter and learning rate, and the launchers' ordering tokens.
     assert state / replicas <= beyond <= state / replicas + 3 * 64 + 16 + 8, (
         device, held, whole)
+  model = sharded_bytes.model_fn()
+  model.compile(**sharded_bytes.compile_args())
+  estimated = estimates.estimate_memory(model, batch=96, devices=replicas)
+  for device, held in sharded["held"].items():
+    assert abs(estimated["sharded_parameters"].variables - (held - others[device])) <= \
+        3 * 64 + 24, (estimated["sharded_parameters"], held, device)
   assert sharded["diff"] < 1e-5, sharded["diff"]
   traced = sharded["collectives"]
   assert "CollectiveGatherV2" in traced and "CollectiveReduceV2" not in traced, traced

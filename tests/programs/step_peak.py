@@ -6,10 +6,12 @@ by `train_on_batch` on one batch held as a tensor (no input pipeline's buffers).
 
 Prints `TRANSIENT_BYTES x` (the most the steps added over what was held before them),
 `WEIGHT_BYTES x` and `MAX_DIFF x` (the largest difference from plain Keras's weights on one
-device after the same steps).
+device after the same steps), and `FIT_TRANSIENT_BYTES x`: the same peak over steps 2 to 4 of
+`tfdist.fit` itself (its input pipeline included; stage 3's weights are sharded only there:
+`tfdist.fit` gives them back whole when it ends).
 
-Usage: python -m tests.programs.step_peak N off|optimizer|gradients (under `tfdist launch`:
-the launched config's strategy and training, each task its own process's figures)"""
+Usage: python -m tests.programs.step_peak N off|optimizer|gradients|parameters (under `tfdist
+launch`: the launched config's strategy and training, each task its own process's figures)"""
 
 import os
 import sys
@@ -32,13 +34,27 @@ def main(replicas: str, mode: str) -> None:
             "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
             "training": {"global_batch_size": 32, "epochs": 1, "mixed_precision": "off",
                          "steps_per_execution": 1, "fused_optimizer": False,
-                         "shard_optimizer": mode != "off", "shard_gradients": mode == "gradients"}}
+                         "shard_optimizer": mode != "off",
+                         "shard_gradients": mode in ("gradients", "parameters"),
+                         "shard_parameters": mode == "parameters"}}
   rng = np.random.default_rng(0)
   x = rng.normal(size=(64, 1024)).astype("float32")
   y = rng.integers(0, 8, size=(64,))
-  model = tfdist.fit(model_fn, x, y, config=config, shuffle=False, verbose=0, compile=lambda: dict(
-      optimizer=keras.optimizers.Adam(1e-3),
-      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
+  measured = {}
+
+  class Peak(keras.callbacks.Callback):  # Steps 2 to 4 of the fit (its first traces it).
+    def on_train_batch_end(self, batch, logs=None):
+      if batch == 0:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        measured["held"] = tf.config.experimental.get_memory_info("CPU:0")["current"]
+
+    def on_train_end(self, logs=None):
+      measured["peak"] = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+  model = tfdist.fit(model_fn, np.concatenate([x, x]), np.concatenate([y, y]), config=config,
+                     shuffle=False, verbose=0, callbacks=[Peak()], compile=lambda: dict(
+                         optimizer=keras.optimizers.Adam(1e-3),
+                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
+  print(f"FIT_TRANSIENT_BYTES {measured['peak'] - measured['held']}", flush=True)
   batch = (tf.constant(x[:32]), tf.constant(y[:32]))
   model.train_on_batch(*batch)  # Its own function traced.
   tf.config.experimental.reset_memory_stats("CPU:0")
@@ -52,7 +68,8 @@ def main(replicas: str, mode: str) -> None:
   plain = model_fn()
   plain.compile(optimizer=keras.optimizers.Adam(1e-3),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-  plain.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+  plain.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=32, epochs=1,
+            shuffle=False, verbose=0)
   for _ in range(4):
     plain.train_on_batch(*batch)
   diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), plain.get_weights(),

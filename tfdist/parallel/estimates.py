@@ -119,7 +119,10 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
     A dict: "data_parallel" (the `DeviceMemory` of each replica, its batch `batch / replicas`),
     "sharded" (the same with `training.shard_optimizer`: the optimizer's state of 1/N of the
     weights), "sharded_gradients" (with `training.shard_gradients` too: the reduced gradients
-    kept for the update are 1/N as well), "split" (one `DeviceMemory` per stage,
+    kept for the update are 1/N as well), "sharded_parameters" (with
+    `training.shard_parameters` too: 1/N of the trainable weights held between steps, the
+    whole gathered for each step counted in its working memory, so its step needs the shard
+    more than stage 2's: it is never recommended), "split" (one `DeviceMemory` per stage,
     a worker's whole batch through each: `batch` over the workers, `replicas / devices`),
     "stages" (each unit's stage) and "layers" (their names); `render` prints it.
 
@@ -169,8 +172,12 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
   sharded = dataclasses.replace(data_parallel, optimizer=int(round(shard * ratio)))
   sharded_gradients = dataclasses.replace(  # `training.shard_gradients`: a reduced shard.
       sharded, gradients=-(-data_parallel.gradients // replicas))
+  sharded_parameters = dataclasses.replace(  # `training.shard_parameters`: a weights shard.
+      sharded_gradients, weights=data_parallel.weights - trainable + shard,
+      working=data_parallel.working + trainable)
   return {"data_parallel": data_parallel, "sharded": sharded,
-          "sharded_gradients": sharded_gradients, "split": split,
+          "sharded_gradients": sharded_gradients, "sharded_parameters": sharded_parameters,
+          "split": split,
           "stages": stages, "layers": [r["name"] for r in units]}
 
 
@@ -299,6 +306,8 @@ def render(plan: dict, capacity: int | None = None) -> str:
     row("  optimizer sharded", plan["sharded"])
     if "sharded_gradients" in plan:
       row("  + gradients sharded", plan["sharded_gradients"])
+    if "sharded_parameters" in plan:
+      row("  + weights sharded", plan["sharded_parameters"])
   for k, m in enumerate(plan["split"]):
     row(f"split, stage {k}", m)
   lines.append(recommend(plan, capacity))

@@ -29,6 +29,7 @@ strategy: multi_worker_mirrored
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -102,10 +103,10 @@ def install(model, optimizer, strategy) -> "Parameters":
   for holder in {id(optimizer): optimizer, id(inner): inner}.values():
     holder._var_key = lambda variable: keys.get(id(variable)) or own_key(variable)
   held = Parameters(variables, strategy)
-  shards.held = held
+  shards.held, held.shards = held, shards
   for index, variable in enumerate(variables):
     variable._tfdist_held, variable._tfdist_index = held, index
-    variable.__class__ = _Sharded
+    variable._tfdist_class, variable.__class__ = type(variable), _sharded(type(variable))
     variable._value = None  # The whole weight, freed.
   model._tfdist_parameters = held
   return held
@@ -121,9 +122,10 @@ def materialise(model) -> None:
   values = [held.whole_value(i) for i in range(len(held.variables))]
   with held.strategy.scope():
     for variable, value in zip(held.variables, values):
-      variable.__class__ = _KerasVariable
-      del variable._tfdist_held, variable._tfdist_index
+      variable.__class__ = variable._tfdist_class
+      del variable._tfdist_held, variable._tfdist_index, variable._tfdist_class
       variable._initialize(value)
+  held.shards.held = None  # The optimizer updates whole weights again (stage 2).
   held.release()
   model._tfdist_parameters = None
 
@@ -145,6 +147,7 @@ class Parameters:
 
   def __init__(self, variables, strategy):
     self.variables, self.strategy = list(variables), strategy
+    self.shards = None  # The optimizer's `sharded_optimizer._Shards`, which updates them.
     self.replicas = strategy.num_replicas_in_sync
     self.shapes = [tuple(v.shape) for v in self.variables]
     self.sizes = [int(np.prod(s)) for s in self.shapes]
@@ -241,10 +244,18 @@ class Parameters:
     self._gathered, self._eager = weakref.WeakKeyDictionary(), {}
 
 
+@functools.cache
+def _sharded(variable_class: type) -> type:
+  """`variable_class` (Keras's TensorFlow variable, or a subclass) whose value lives in the
+  replicas' shards."""
+  return type(f"Sharded{variable_class.__name__}", (_Sharded, variable_class), {})
+
+
 class _Sharded(_KerasVariable):
   """A model's Keras variable whose value lives in the replicas' shards (`Parameters`): its
   name, shape, dtype, path and trainability are the variable's; reading it gives the gathered
-  value (`handle` too: a GradientTape watches it), assigning it writes the shards."""
+  value (`handle` too: a GradientTape watches it), assigning it writes the shards. Mixed into
+  the variable's own class (`_sharded`), which `materialise` gives back."""
 
   @property
   def value(self):
