@@ -1,14 +1,21 @@
-"""Optimizer-state sharding (`training.shard_optimizer`, ZeRO stage 1) and gradient sharding
-(`training.shard_gradients`, stage 2) against the unsharded run, N = 2, 3 and 4 replicas: as
-logical CPUs of one process (mirrored) and as worker processes on 127.0.0.1
-(multi_worker_mirrored, each pinned to a core: more workers than cores share them). The
-benchmark MLP (1.86 M parameters, Adam, float32, 256 examples per replica per step, 8 steps per
-call), interleaved rounds in one run. Per setup: the bytes a replica holds beyond the weights,
-counted from every variable its process holds; examples/s; the ratio to the unsharded run.
+"""Optimizer-state sharding (`training.shard_optimizer`, ZeRO stage 1), gradient sharding
+(`training.shard_gradients`, stage 2) and parameter sharding (`training.shard_parameters`,
+stage 3) against the unsharded run, N = 2, 3 and 4 replicas: as logical CPUs of one process
+(mirrored) and as worker processes on 127.0.0.1 (multi_worker_mirrored, each pinned to a core:
+more workers than cores share them). The benchmark MLP (1.86 M parameters, Adam, float32, 256
+examples per replica per step, 8 steps per call), interleaved rounds in one run. Per setup:
+the bytes of variables a replica holds as training ends (weights and optimizer state, counted
+from every variable its process holds); examples/s; the ratio to the unsharded run.
 
 Bytes each replica sends per step, from the ring model: unsharded, an all-reduce of the
 gradients, 2(N-1)/N x G; stage 1, that plus an all-gather of the weights, (N-1)/N x W; stage 2,
-a reduce-scatter, (N-1)/N x G, plus the all-gather.
+a reduce-scatter, (N-1)/N x G, plus the all-gather; stage 3, the same two (the weights gathered
+before the step instead of after it).
+
+With `--cap` (N logical CPUs of one process, TensorFlow's CPU allocator with statistics, BFC):
+each setup's allocator peak over the fit, then each trained again under a cap on that
+allocator (`TF_CPU_BFC_MEM_LIMIT_IN_MB`) set halfway between stage 3's peak and the lowest
+other's: which train and which run out of memory.
 
 With `--peak` (processes only, TensorFlow's CPU allocator with statistics, BFC): each
 worker's allocator peak over the steps of epoch 2 and over its whole fit, the most of any
@@ -16,7 +23,7 @@ worker: what a replica's memory must hold at once, weights, optimizer state and 
 gradients and buffers together. (A step's transient alone, without an input pipeline's
 buffers: `python -m tests.programs.step_peak 2 off|optimizer|gradients`.)
 
-  python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak]
+  python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak|--cap]
 """
 
 import os
@@ -29,15 +36,18 @@ from benchmarks.bench_scaling import GRADIENT_BYTES, TRAINING, cluster, run, tra
 
 flags.DEFINE_list("replicas", ["2", "3", "4"], "Replica counts.")
 flags.DEFINE_bool("peak", False, "Measure each worker process's allocator peak instead.")
+flags.DEFINE_bool("cap", False, "Train each setup under an allocator cap only stage 3 fits.")
 FLAGS = flags.FLAGS  # --rounds: bench_scaling's flag (interleaved runs of each setup).
 STAGES = {"unsharded": {}, "stage 1": {"shard_optimizer": "true"},
-          "stage 2": {"shard_optimizer": "true", "shard_gradients": "true"}}
+          "stage 2": {"shard_optimizer": "true", "shard_gradients": "true"},
+          "stage 3": {"shard_optimizer": "true", "shard_gradients": "true",
+                      "shard_parameters": "true"}}
 
 
 def sent(stage: str, n: int) -> float:
   gradients = (n - 1) / n * GRADIENT_BYTES
   return {"unsharded": 2 * gradients, "stage 1": 3 * gradients,
-          "stage 2": 2 * gradients}[stage]
+          "stage 2": 2 * gradients, "stage 3": 2 * gradients}[stage]
 
 
 def peaks(n: int) -> list[str]:
@@ -57,8 +67,37 @@ def peaks(n: int) -> list[str]:
   return rows
 
 
+def capped(n: int) -> list[str]:
+  """Rows of each stage on `n` logical CPUs of one process: its allocator peak over the fit,
+  and whether it trains under a cap between stage 3's peak and the lowest other's."""
+  os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+  config = f"strategy: mirrored\ndevices: {{logical_cpus: {n}}}\n"
+  found = {stage: value(run(config + training(TRAINING, **settings), "train", 1,
+                            all_cores=True), "PEAK_BYTES") for stage, settings in STAGES.items()}
+  lowest_other = min(peak for stage, peak in found.items() if stage != "stage 3")
+  cap = (found["stage 3"] + lowest_other) / 2
+  if cap <= found["stage 3"]:
+    return [f"| {n} | stage 3's peak is not the lowest here: no cap only it fits |"]
+  os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = str(int(cap / 2**20))
+  try:
+    rows = []
+    for stage, settings in STAGES.items():
+      output = run(config + training(TRAINING, **settings), "train", 1, all_cores=True)
+      rows.append(f"| {n} | {stage} | {found[stage] / 2**20:.1f} MiB | {cap / 2**20:.0f} MiB | "
+                  f"{'trained' if 'EXAMPLES_PER_SECOND' in output else 'out of memory'} |")
+    return rows
+  finally:
+    del os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"]
+
+
 def main(argv):
   del argv
+  if FLAGS.cap:
+    print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
+          f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32), N replicas in one process\n")
+    print("| N | setup | allocator peak over the fit | cap | under the cap |\n|---|---|---|---|---|")
+    print("\n".join(row for n in FLAGS.replicas for row in capped(int(n))))
+    return
   if FLAGS.peak:
     print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
           f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32)\n")
@@ -79,7 +118,7 @@ def main(argv):
             output = run(f"strategy: mirrored\ndevices: {{logical_cpus: {n}}}\n" + train,
                          "train", 1, all_cores=True)
           speed[stage].append(value(output, "EXAMPLES_PER_SECOND"))
-          held[stage] = int(value(output, "OPTIMIZER_BYTES"))
+          held[stage] = int(value(output, "HELD_BYTES"))
       base = statistics.median(speed["unsharded"])
       for stage in STAGES:
         runs = speed[stage]
@@ -87,8 +126,8 @@ def main(argv):
                     f"{statistics.median(runs):,.0f} ({', '.join(f'{r:,.0f}' for r in runs)}) "
                     f"| {statistics.median(runs) / base:.2f} | {sent(stage, n) / 2**20:.2f} MiB |")
   print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters)\n")
-  print("| N | replicas as | setup | bytes a replica holds beyond the weights | examples/s "
-        "(runs) | ratio | bytes sent per step per replica (ring model) |")
+  print("| N | replicas as | setup | bytes a replica holds (weights, optimizer state) | "
+        "examples/s (runs) | ratio | bytes sent per step per replica (ring model) |")
   print("|---|---|---|---|---|---|---|")
   print("\n".join(rows))
 

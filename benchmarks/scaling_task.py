@@ -4,7 +4,9 @@ its threads; BENCH_ALL_CORES=1: not pinned). Modes:
   train      trains the benchmark MLP through tfdist.fit; worker 0 prints
              `EXAMPLES_PER_SECOND x`, `STEP_SECONDS x`, `LOSSES <one per epoch>` and
              `OPTIMIZER_BYTES x` (the bytes a replica holds beyond the weights, from every
-             variable of the process); with TF_CPU_ALLOCATOR_USE_BFC=true also `PEAK_BYTES x`
+             variable of the process, after the fit) and `HELD_BYTES x` (every variable a
+             replica holds as training ends, its weights among them: stage 3's are sharded
+             until `tfdist.fit` ends); with TF_CPU_ALLOCATOR_USE_BFC=true also `PEAK_BYTES x`
              (TensorFlow's CPU allocator's peak over the whole fit, this process)
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
@@ -32,16 +34,18 @@ def train(config):
   x, y = common.data(int(os.environ.get("SAMPLES", "16384")))
   timer = common.EpochTimer()
   steps_peak = _steps_peak() if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else None
+  held = _held_as_training_ends()
   history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
-                       callbacks=[timer] + ([steps_peak] if steps_peak else []), verbose=0,
-                       shuffle=False)
+                       callbacks=[timer, held] + ([steps_peak] if steps_peak else []),
+                       verbose=0, shuffle=False)
   losses = history.history["loss"]
   seconds = statistics.median(timer.seconds)
   replicas = tfdist.make_strategy(config).num_replicas_in_sync
   steps = -(-len(x) // tfdist.batch_sizes(config.training, replicas).global_batch_size)
   return [f"EXAMPLES_PER_SECOND {len(x) / seconds}", f"STEP_SECONDS {seconds / steps}",
           "LOSSES " + " ".join(f"{loss:.4f}" for loss in losses),
-          f"OPTIMIZER_BYTES {held_bytes(history.model)}"] + peak_bytes() + (
+          f"OPTIMIZER_BYTES {held_bytes(history.model)}", f"HELD_BYTES {held.bytes}"] + \
+      peak_bytes() + (
               [f"STEPS_PEAK_BYTES {steps_peak.peak}"] if steps_peak else [])
 
 
@@ -62,6 +66,20 @@ def _steps_peak():
       if epoch == 1:
         self.peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   return StepsPeak()
+
+
+def _held_as_training_ends():
+  """A Keras callback: the most bytes of variables any replica's device holds as training
+  ends (every variable of the process, found by the garbage collector)."""
+  import keras
+  from tfdist.testing import held_variables
+
+  class Held(keras.callbacks.Callback):
+    bytes = 0
+
+    def on_train_end(self, logs=None):
+      self.bytes = max(held_variables().values())
+  return Held()
 
 
 def peak_bytes() -> list[str]:

@@ -85,7 +85,7 @@ def test_the_coordinator_still_runs_each_call_in_worker_process_closure():
 
 # Each training path with every collective tfdist runs between its calls switched on: the
 # preemption agreement (checkpoint.dir), the step backups' agreement (backup_every_steps), the
-# step times' gather (tensorboard.log_dir), the sharded optimizer's gather at each backup,
+# step times' gather (tensorboard.log_dir), the shards' gather at each backup,
 # evaluation (validation_data), periodic averaging;
 # the loop reads through the tf.data service (a dataset's run name agreed as it is first read);
 # with the recorded functions each path must be seen running (any phase) and the collectives it

@@ -72,8 +72,9 @@ class _Seen(keras.callbacks.Callback):
 
 def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
   """During fit a user's callback's `get_weights` and Keras's validation read whole weights
-  (plain Keras's, epoch by epoch); after it Keras's own evaluate, predict, `model.save` and
-  fit run on an ordinary model, and plain Keras loads the file with the same weights."""
+  (plain Keras's, epoch by epoch); after it Keras's own evaluate, predict, `model.save`,
+  `model.export` and fit run on an ordinary model, and plain Keras loads the file with the
+  same weights."""
   x, y = custom_loop.data()
   plain, plain_seen = _compiled(_model()), _Seen()
   want = plain.fit(x[:192], y[:192], batch_size=32, epochs=2, shuffle=False, verbose=0,
@@ -97,6 +98,10 @@ def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
   model.save(tmp_path / "model.keras")
   _assert_same(keras.saving.load_model(tmp_path / "model.keras").get_weights(),
                plain.get_weights())
+  model.export(tmp_path / "served", verbose=False)  # TF Serving's SavedModel: whole weights.
+  import tensorflow as tf
+  served = tf.saved_model.load(str(tmp_path / "served"))  # Held: its variables live with it.
+  np.testing.assert_allclose(served.serve(x[:40]), plain.predict(x[:40], verbose=0), atol=1e-5)
   # Keras's own fit goes on from there (the optimizer's state sharded as stage 2's).
   for trained in (model, plain):
     trained.fit(x[:192], y[:192], batch_size=32, epochs=1, shuffle=False, verbose=0)

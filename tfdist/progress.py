@@ -70,8 +70,9 @@ class Collective(str, enum.Enum):
   """`training.average_every`'s all-reduce of the weights (`training.local_sgd`)."""
   STEP_TIMES = "the step times' gather"
   """Each epoch's per-worker step times gathered (`monitoring.step_times`)."""
-  SHARDED_GATHER = "the sharded optimizer's gather"
-  """The optimizer state's shards gathered to save them whole (`training.sharded_optimizer`)."""
+  SHARDED_GATHER = "the shards' gather"
+  """The optimizer state's shards gathered to save them whole (`training.sharded_optimizer`),
+  or the weights' to read them outside a step (`training.sharded_parameters`)."""
   COORDINATOR_JOIN = "the coordinator's wait for the workers' calls"
   """Parameter-server training: the chief waits for the calls scheduled on the workers."""
   DATA_SERVICE_NAME = "the tf.data service's run name"

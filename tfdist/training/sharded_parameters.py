@@ -38,6 +38,7 @@ from keras.src.backend.common import stateless_scope
 from keras.src.backend.tensorflow.core import Variable as _KerasVariable  # Keras's TF variable
 from tensorflow.python.eager import tape as tape_lib
 
+import tfdist.progress as progress
 from tfdist.training import reduce_scatter
 
 
@@ -205,7 +206,8 @@ class Parameters:
       first = min(self.replica_of.values())
       shards = self.strategy.experimental_distribute_values_from_function(
           lambda context: local[context.replica_id_in_sync_group - first])
-      whole = self.strategy.gather(shards, axis=0)
+      with progress.collective(progress.Collective.SHARDED_GATHER):  # Every worker reads.
+        whole = self.strategy.gather(shards, axis=0)
     start = sum(self.sizes[:index])
     return tf.reshape(whole[start:start + self.sizes[index]], self.shapes[index])
 
