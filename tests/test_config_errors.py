@@ -41,8 +41,7 @@ BAD_CONFIGS = [
      "{f}: training.epoch: unknown key; the keys here are: global_batch_size, "
      "per_replica_batch_size, epochs, steps_per_epoch, steps_per_execution, jit_compile, "
      "fused_optimizer, mixed_precision, gradient_accumulation_steps, shard_optimizer, "
-     "shard_gradients, "
-     "gradient_compression, average_every, scale_learning_rate, "
+     "shard_gradients, shard_parameters, gradient_compression, average_every, scale_learning_rate, "
      "warmup_epochs, seed. "
      "Received: 'epoch'"),
     ("unknown_job", "cluster: {master: ['127.0.0.1:2000']}\n", None, None,

@@ -42,10 +42,20 @@ def held_variables(leaving_out=frozenset()) -> dict[str, int]:
   """{device: bytes} of every TensorFlow variable this process holds, found by the garbage
   collector, but those whose `id` is in `leaving_out`.
 
+  Args:
+    leaving_out: the `id`s of variables not to count (each replica's component, by its own).
+
+  Returns:
+    Bytes by device, as TensorFlow names it ("/job:localhost/replica:0/task:0/device:CPU:0").
+
   Example:
 
   ```python
-  held_variables()   # {"/job:localhost/replica:0/task:0/device:CPU:0": 1180, ...}
+  import tensorflow as tf
+  from tfdist.testing import held_variables
+  weights = tf.Variable(tf.zeros([256]))
+  held_variables()                    # {".../device:CPU:0": 1024, ...}: every variable alive
+  held_variables({id(weights)})       # the same, less those 1024 bytes
   ```
   """
   import tensorflow as tf
