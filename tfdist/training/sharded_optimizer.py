@@ -279,7 +279,7 @@ class _Shards:
     at a time: piece i of each replica's shard in one all-to-all, each after the one before, so
     one piece's buffers live at once and no whole-size copy of the gradients is made."""
     pieces, done = [], []
-    for begin, length in self._spans():
+    for begin, length in self._spans(max(1, self.piece // self.replicas)):
       with tf.control_dependencies(done):
         flat = tf.concat([self._range(grads, k * self.size + begin, length)
                           for k in range(self.replicas)], 0)
@@ -287,10 +287,11 @@ class _Shards:
       pieces.append(done[0])
     return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
-  def _spans(self):
-    """(begin, length) of each piece of a shard (`PIECE_BYTES`), in order."""
-    return [(begin, min(self.piece, self.size - begin))
-            for begin in range(0, self.size, self.piece)]
+  def _spans(self, piece: int | None = None):
+    """(begin, length) of each piece of a shard (`piece` elements, default `PIECE_BYTES`'),
+    in order."""
+    piece = piece or self.piece
+    return [(begin, min(piece, self.size - begin)) for begin in range(0, self.size, piece)]
 
   def _slice(self, tensors, replica: int):
     """Replica `replica`'s shard of `tensors` laid end to end (padded with zeros)."""
