@@ -46,12 +46,14 @@ import tfdist.progress as progress
 from tfdist.training import reduce_scatter
 
 PIECE_BYTES = 1 << 20
-"""Each replica's shard is reduce-scattered (stage 2) and gathered into the weights (both stages)
-this many bytes at a time (one collective of N such pieces, each after the one before), so one
-piece's buffers live at once. A step's transient bytes per process (2 MWMS workers, 8.04 MiB of
-weights, `tests/programs/step_peak.py`): stage 1 28.1 MiB whole, 20.1 in 1 MiB pieces; stage 2
-28.1 and 20.3-22.1 (unsharded 16.1). In 256 KiB pieces 20.1 and 20.6-21.2 with 4x the
-collectives; in 64 KiB stage 1 rose to 28.0."""
+"""Each replica's shard is gathered into the weights (stages 1 and 2) this many bytes of it at a
+time (one all-gather of N such pieces), and reduce-scattered (stage 2) this many bytes in all
+at a time (PIECE_BYTES / N of each replica's shard in one all-to-all), each collective after
+the one before, so one piece's buffers live at once. A step's transient bytes per process
+(2 MWMS workers, 8.04 MiB of weights, `tests/programs/step_peak.py`, 2026-11-28): stage 1
+28.1 MiB whole, 20.1 in pieces; on 4 logical CPUs (2026-11-29) stage 2's scatter pieces of
+PIECE_BYTES in all took its fit's transient from 102.3 MiB (N x PIECE_BYTES) to 91.5, under
+stage 1's 94.5."""
 
 # Optimizers whose update is elementwise in every variable: an update of the flat shard is the
 # unsharded update's. (Lamb's trust ratio and Adafactor's factored moments are per variable;
