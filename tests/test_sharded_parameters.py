@@ -6,11 +6,16 @@ cannot be sharded is refused in one line naming the key. The bytes each device h
 replicas, two worker processes and a resume over another replica count:
 tests/test_sharded_optimizer.py."""
 
+import sys
+
 import keras
 import numpy as np
 import pytest
 
 import tfdist
+from tfdist.testing import forked
+from tests.conftest import REPO
+from tests.launching import ENV
 from tests.programs import custom_loop, custom_train_step
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
@@ -45,6 +50,22 @@ def test_a_subclass_train_step_trains_as_one_device(style):
   want_weights, want_losses = custom_train_step.train_plain(style, momentum=0.9)
   _assert_same(weights, want_weights)
   np.testing.assert_allclose(losses, want_losses, atol=1e-5)
+
+
+def test_batch_normalizations_statistics_stay_whole_and_train_as_plain_keras_mirrored(tmp_path):
+  """BatchNormalization's moving statistics (non-trainable: not sharded) are updated in the
+  step beside the sharded weights: every weight and each epoch's loss are plain Keras's own
+  MirroredStrategy's (each replica normalises its half batch: not one device's)."""
+  runs = {}
+  for mode in ("plain", "stage_3"):
+    done = forked.run([sys.executable, "-m", "tests.programs.batch_norm_mirrored", mode,
+                       str(tmp_path / f"{mode}.npz")], env=ENV, cwd=REPO, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs[mode] = np.load(tmp_path / f"{mode}.npz")
+  plain, sharded = runs["plain"], runs["stage_3"]
+  assert len(plain.files) == 1 + 8  # Losses; 2 Dense x 2, BatchNormalization's 4.
+  for name in plain.files:
+    np.testing.assert_allclose(sharded[name], plain[name], atol=1e-5, err_msg=name)
 
 
 def _model():
