@@ -1,9 +1,14 @@
 """The tf.data service's roles for an input-bound job: a trainer pinned to one core whose
-input's map costs more than its step (~7,000 and ~8,500 examples/s alone), its pipeline run
+input's map costs more than its step (1.2x the step's time a row, calibrated on the core
+before the contenders run: `_calibrated_map_products`), its pipeline run
 locally against one data worker pinned to the other core (`tfdist data-service`, as `tfdist
 launch` starts it), read by tfdist's reader (`reading.served`, as `tfdist.fit` reads) and by
 TensorFlow's public `distribute("distributed_epoch", ...)`. Contenders interleaved; examples
 per second of the trainer's loop (input and step) over an epoch of 8,192 rows, median.
+
+Before the calibration (a fixed map of 10 products, ~7,000 examples/s, against a step of
+~8,500 on the CPUs of 2026-11-28; on a core twice as fast the map cost less than the step
+and two trainers gained 1.02x):
 
 Measured 2026-11-28 (2 vCPUs, AMD EPYC, TF 2.21), medians of 3: local 3,206 examples/s;
 tfdist's reader 6,082 (**1.90x**); TensorFlow's `distribute()` 4,040 (1.26x): its reader
@@ -21,7 +26,12 @@ Measured 2026-11-29 (2 vCPUs, Intel Xeon), medians of 3: one trainer: local 3,13
 reader 6,219 (**1.98x**), `distribute()` 3,896 (1.24x); two trainers: local 3,155, one data
 worker shared by both through tfdist's reader 6,382 (**2.02x**).
 
-  python -m benchmarks.bench_data_service [--rounds 3] [--trainers 2]
+With the map calibrated (2026-11-29, 2 vCPUs, Intel Xeon, cores ~2x faster than the day
+before; 8 products an example), medians of 3: one trainer: local 7,711, tfdist's reader 12,310
+(**1.60x**), `distribute()` 6,366 (0.83x); two trainers: 6,215 and 6,426 (1.03x; runs 6,124,
+6,426, 10,438: the trainers' timed epochs are not aligned, so the figure is not settled).
+
+  python -m benchmarks.bench_data_service [--rounds 3] [--trainers 2] [--map_products K]
 """
 
 import json
@@ -37,11 +47,17 @@ flags.DEFINE_integer("rounds", 3, "Epochs timed per contender (after one warm-up
 flags.DEFINE_integer("trainers", 1, "Trainers (processes on the first core): 1 or 2.")
 flags.DEFINE_string("as_trainer", None, "Internal: run as trainer INDEX of CONTENDER "
                     "(INDEX:CONTENDER:TOKEN:SERVICE), printing each epoch's rows and seconds.")
+flags.DEFINE_integer("map_products", 0, "The input map's matrix products per example; 0: "
+                     "calibrated so the map costs MAP_OVER_STEP times the step a row.")
 FLAGS = flags.FLAGS
 
 _ROWS, _BATCH, _CHUNK = 8192, 64, 512
-_MAP_PRODUCTS = 10  # The input's map: ~7,000 examples/s on one core.
-_STEP_PRODUCTS = 70  # The step: ~8,500 examples/s: the map costs more (input-bound).
+_MAP_PRODUCTS = 10  # The input's map, per example: set by `_calibrated_map_products`.
+_STEP_PRODUCTS = 70  # The step's products per batch.
+MAP_OVER_STEP = 1.2
+"""The map's time a row over the step's: the trainer alone is input-bound by this much, and one
+data worker on another core serves it faster than its own core maps (at most
+(1 + MAP_OVER_STEP) / MAP_OVER_STEP, 1.83x)."""
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -52,6 +68,36 @@ def _augment(x):
   for _ in range(_MAP_PRODUCTS):
     m = tf.tanh(tf.linalg.matmul(m, m) / 64.0)
   return tf.reshape(m[:16, :16], (256,))
+
+
+def _calibrated_map_products() -> int:
+  """The map's products per example that make it cost `MAP_OVER_STEP` times the step a row on
+  this core: the step and the map at 2 and 12 products timed (the map's cost is linear in its
+  products past a fixed part), best of 3 each."""
+  import numpy as np
+  import tensorflow as tf
+  global _MAP_PRODUCTS
+  _, step = _job()
+  batch = tf.constant(np.random.default_rng(1).random((_BATCH, 256), dtype=np.float32))
+
+  def best(run) -> float:
+    times = []
+    for _ in range(3):
+      began = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - began)
+    return min(times)
+  step(batch)  # Traced.
+  step_row = best(lambda: [step(batch) for _ in range(32)]) / (32 * _BATCH)
+  rows = tf.data.Dataset.from_tensor_slices(np.ones((1024, 256), np.float32))
+  map_row = {}
+  for products in (2, 12):
+    _MAP_PRODUCTS = products
+    mapped = rows.map(_augment).batch(_BATCH)
+    map_row[products] = best(lambda mapped=mapped: [None for _ in mapped]) / 1024
+  per_product = max(1e-12, (map_row[12] - map_row[2]) / 10)
+  fixed = max(0.0, map_row[2] - 2 * per_product)
+  return max(1, round((MAP_OVER_STEP * step_row - fixed) / per_product))
 
 
 def _timed_epochs(dataset, step, rounds: int) -> list[tuple[int, float, float]]:
@@ -94,6 +140,8 @@ def _trainer(spec: str) -> None:
   timed epoch."""
   import tensorflow as tf
   from tfdist.data_service import reading
+  global _MAP_PRODUCTS
+  _MAP_PRODUCTS = FLAGS.map_products
   index, contender, token, service = spec.split(":", 3)
   half = _ROWS // 2
   if contender == "local":
@@ -113,7 +161,8 @@ def _two_trainers(contender: str, service: str) -> float:
   token = reading.new_token()
   trainers = [subprocess.Popen(
       ["taskset", "-c", "0", sys.executable, "-m", "benchmarks.bench_data_service",
-       f"--as_trainer={index}:{contender}:{token}:{service}"],
+       f"--as_trainer={index}:{contender}:{token}:{service}",
+       f"--map_products={_MAP_PRODUCTS}"],
       env={**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=_REPO,
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for index in range(2)]
   epochs = []
@@ -137,6 +186,10 @@ def main(argv):
   import tfdist
   from tfdist.data_service import reading
   os.sched_setaffinity(0, {0})  # The trainer: one core.
+  global _MAP_PRODUCTS
+  _MAP_PRODUCTS = FLAGS.map_products or _calibrated_map_products()
+  print(f"The input's map: {_MAP_PRODUCTS} products an example "
+        f"({'given' if FLAGS.map_products else f'calibrated to {MAP_OVER_STEP}x the step'}).\n")
   dispatcher, worker = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(2))
   config = tfdist.load_config({"cluster": {"worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
                                            "dispatcher": [dispatcher], "data_worker": [worker]}},
