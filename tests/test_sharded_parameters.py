@@ -41,6 +41,20 @@ def test_a_users_own_loop_step_gives_one_devices_weights_losses_and_metrics():
   np.testing.assert_allclose(accuracies, want_accuracies, atol=1e-6)
 
 
+def test_a_loops_checkpoint_holds_the_whole_weights_and_a_restart_restores_them(tmp_path):
+  """TrainingLoop's own checkpoints (tf.train.Checkpoint) of sharded weights: a second run
+  over the same `checkpoint.dir` finds every epoch done and restores the first run's weights
+  (a fresh model's would differ), which are the hand-written loop's."""
+  config = {**MIRRORED, "checkpoint": {"dir": str(tmp_path)},
+            "training": {"global_batch_size": 32, "mixed_precision": "off",
+                         "steps_per_execution": 3, **STAGE_3}}
+  first, _, _ = custom_loop.train(config, "reduce_mean")
+  restored, losses, _ = custom_loop.train(config, "reduce_mean")
+  assert losses == []  # Nothing left to train.
+  _assert_same(restored, first, atol=0)
+  _assert_same(first, custom_loop.train_by_hand("reduce_mean", 3)[0])
+
+
 @pytest.mark.parametrize("style", ["reduce_mean", "compute_loss"])
 def test_a_subclass_train_step_trains_as_one_device(style):
   """Keras's "customizing what happens in fit" train_step, unchanged: plain Keras's weights and
