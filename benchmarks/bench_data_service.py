@@ -29,7 +29,9 @@ worker shared by both through tfdist's reader 6,382 (**2.02x**).
 With the map calibrated (2026-11-29, 2 vCPUs, Intel Xeon, cores ~2x faster than the day
 before; 8 products an example), medians of 3: one trainer: local 7,711, tfdist's reader 12,310
 (**1.60x**), `distribute()` 6,366 (0.83x); two trainers: 6,215 and 6,426 (1.03x; runs 6,124,
-6,426, 10,438: the trainers' timed epochs are not aligned, so the figure is not settled).
+6,426, 10,438: one trainer's timed epoch began while the other still warmed up). With both
+trainers waiting for each other's warm-up (`_both_warm`): local 6,346, one data worker shared
+10,741 (**1.69x**; runs 10,741, 6,398, 10,820).
 
   python -m benchmarks.bench_data_service [--rounds 3] [--trainers 2] [--map_products K]
 """
@@ -100,11 +102,14 @@ def _calibrated_map_products() -> int:
   return max(1, round((MAP_OVER_STEP * step_row - fixed) / per_product))
 
 
-def _timed_epochs(dataset, step, rounds: int) -> list[tuple[int, float, float]]:
+def _timed_epochs(dataset, step, rounds: int, warmed=lambda: None
+                  ) -> list[tuple[int, float, float]]:
   """Each timed epoch's rows, start and end (wall clock, comparable across processes), after
-  a first that warms up (tracing, the service's first job)."""
+  a first that warms up (tracing, the service's first job); `warmed()` runs between them."""
   epochs = []
-  for _ in range(rounds + 1):
+  for epoch in range(rounds + 1):
+    if epoch == 1:
+      warmed()
     began, rows = time.time(), 0
     for batch in dataset:
       step(batch)
@@ -151,7 +156,19 @@ def _trainer(spec: str) -> None:
     dataset, step = _job()
     dataset = reading.served(dataset, strategy=tf.distribute.get_strategy(), service=service,
                              global_batch=_BATCH, token=int(token))
-  print("EPOCH " + json.dumps(_timed_epochs(dataset, step, 1)[0]), flush=True)
+  print("EPOCH " + json.dumps(_timed_epochs(dataset, step, 1, warmed=lambda: _both_warm(
+      token, int(index)))[0]), flush=True)
+
+
+def _both_warm(token: str, index: int) -> None:
+  """Waits until both trainers finished their warm-up epoch (a file each, by `token`), so their
+  timed epochs start together: one starting its timed epoch while the other still traced
+  stretched the pair's window (runs 0.99-1.68x before)."""
+  import tempfile
+  mark = os.path.join(tempfile.gettempdir(), f"bench_data_service.{token}.{{}}")
+  open(mark.format(index), "w").close()
+  while not os.path.exists(mark.format(1 - index)):
+    time.sleep(0.01)
 
 
 def _two_trainers(contender: str, service: str) -> float:
@@ -171,6 +188,10 @@ def _two_trainers(contender: str, service: str) -> float:
     lines = [json.loads(l.split(" ", 1)[1]) for l in out.splitlines() if l.startswith("EPOCH ")]
     assert trainer.returncode == 0 and len(lines) == 1, (trainer.returncode, out[-2000:])
     epochs += lines
+  import glob
+  import tempfile
+  for mark in glob.glob(os.path.join(tempfile.gettempdir(), f"bench_data_service.{token}.*")):
+    os.remove(mark)
   rows = sum(e[0] for e in epochs)
   assert rows == _ROWS, rows  # Both halves, or the one pass both shared.
   return rows / (max(e[2] for e in epochs) - min(e[1] for e in epochs))
