@@ -313,7 +313,7 @@ def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
 
 def _announce(run: _Run) -> None:
   """The chief's start line, resume line and schedule warning."""
-  from tfdist.training import report, sharded_optimizer, sharded_parameters
+  from tfdist.training import report, sharded_parameters
   config = run.config
   if not is_chief(config):
     return
@@ -321,9 +321,8 @@ def _announce(run: _Run) -> None:
       strategy_name=config.strategy.name, replicas=run.replicas, global_batch=run.global_batch,
       precision=run.chosen, steps_per_execution=run.model.steps_per_execution,
       fused=run.installed.fused, accumulation=run.installed.accumulation,
-      sharded="; ".join(filter(None, (
-          sharded_optimizer.describe(run.optimizer, run.model.trainable_variables),
-          sharded_parameters.describe(run.model)))) or None,
+      sharded=sharded_parameters.describe_sharding(
+          run.optimizer, run.model.trainable_variables, [run.model]),
       shuffled_arrays=run.shuffled_arrays,
       data_workers=config.cluster.data_worker if run.served else 0,
       passes=config.data_service.passes))

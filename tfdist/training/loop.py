@@ -58,8 +58,7 @@ from tfdist.data_service import reading
 from tfdist.strategy.factory import make_strategy
 from tfdist.machine import precision
 from tfdist.training import (checkpoints, data, dtype_policy, keras_fixes, replica_math,
-                             report, settings, sharded_optimizer, sharded_parameters,
-                             user_files)
+                             report, settings, sharded_parameters, user_files)
 
 
 class TrainingLoop:
@@ -235,9 +234,8 @@ class TrainingLoop:
         optimizer.build(variables)
     replica_math.weight_gradients_by_share(inner)
     settings.shard_parameters(models, optimizer, self.strategy, self.config)
-    self._sharded = "; ".join(filter(None, (
-        sharded_optimizer.describe(optimizer, variables),
-        *(sharded_parameters.describe(m) for m in models)))) or self._sharded
+    self._sharded = sharded_parameters.describe_sharding(optimizer, variables, models) or \
+        self._sharded
     if self.asynchronous:
       keras_fixes.sum_deltas([optimizer.iterations])
     self._tracked[f"optimizer_{len(self._tracked)}"] = optimizer

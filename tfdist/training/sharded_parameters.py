@@ -39,7 +39,7 @@ from keras.src.backend.tensorflow.core import Variable as _KerasVariable  # Kera
 from tensorflow.python.eager import tape as tape_lib
 
 import tfdist.progress as progress
-from tfdist.training import reduce_scatter
+from tfdist.training import reduce_scatter, sharded_optimizer
 
 
 def refusal(model, optimizer) -> str | None:
@@ -103,8 +103,8 @@ def install(model, optimizer, strategy) -> "Parameters":
   own_key = inner._var_key  # pylint: disable=protected-access
   for holder in {id(optimizer): optimizer, id(inner): inner}.values():
     holder._var_key = lambda variable: keys.get(id(variable)) or own_key(variable)
-  held = Parameters(variables, strategy)
-  shards.held, held.shards = held, shards
+  held = Parameters(variables, strategy, shards)
+  shards.held = held
   for index, variable in enumerate(variables):
     variable._tfdist_held, variable._tfdist_index = held, index
     variable._tfdist_class, variable.__class__ = type(variable), _sharded(type(variable))
@@ -120,7 +120,7 @@ def materialise(model) -> None:
   held = getattr(model, "_tfdist_parameters", None)
   if held is None:
     return
-  values = [held.whole_value(i) for i in range(len(held.variables))]
+  values = [piece.numpy() for piece in held.whole_values()]  # One gather for them all.
   with held.strategy.scope():
     for variable, value in zip(held.variables, values):
       variable.__class__ = variable._tfdist_class
@@ -129,6 +129,14 @@ def materialise(model) -> None:
   held.shards.held = None  # The optimizer updates whole weights again (stage 2).
   held.release()
   model._tfdist_parameters = None
+
+
+def describe_sharding(optimizer, variables, models) -> str | None:
+  """The start line's words for every ZeRO stage installed: the optimizer's (stages 1 and 2,
+  updating `variables`) and the weights of each of `models` (stage 3); None when nothing is
+  sharded."""
+  words = [sharded_optimizer.describe(optimizer, variables), *(describe(m) for m in models)]
+  return "; ".join(w for w in words if w) or None
 
 
 def describe(model) -> str | None:
@@ -146,9 +154,10 @@ def describe(model) -> str | None:
 class Parameters:
   """The shards of a model's trainable weights, one per replica, and their reads and writes."""
 
-  def __init__(self, variables, strategy):
+  def __init__(self, variables, strategy, shards):
     self.variables, self.strategy = list(variables), strategy
-    self.shards = None  # The optimizer's `sharded_optimizer._Shards`, which updates them.
+    self.shards = shards  # The optimizer's `sharded_optimizer._Shards`, which updates them.
+    self.replica_of = shards.replica_of  # {device: its replica}
     self.replicas = strategy.num_replicas_in_sync
     self.shapes = [tuple(v.shape) for v in self.variables]
     self.sizes = [int(np.prod(s)) for s in self.shapes]
@@ -163,15 +172,11 @@ class Parameters:
                               name="tfdist_weights_shard")
     self.components = {_canonical(c.device): c
                        for c in strategy.experimental_local_results(self.flat)}
-    ids = strategy.experimental_distribute_values_from_function(
-        lambda context: context.replica_id_in_sync_group)
-    self.replica_of = {_canonical(d): int(i) for d, i in zip(
-        strategy.extended.worker_devices, strategy.experimental_local_results(ids))}
     self.device_of = {r: d for d, r in self.replica_of.items() if d in self.components}
     for device, component in self.components.items():
       r = self.replica_of[device]
       component.assign(whole[r * self.size:(r + 1) * self.size])
-    # {graph (None: eager): {replica's device: the step's gathered pieces}}
+    # {graph: {replica's device: the step's gathered pieces}}, and eager ones by device.
     self._gathered: dict = weakref.WeakKeyDictionary()
     self._eager: dict = {}
 
@@ -193,23 +198,22 @@ class Parameters:
       cache[device] = self._pieces(whole)
     return cache[device][index]
 
-  def whole_value(self, index: int) -> np.ndarray:
-    """Weight `index`'s whole value (NumPy), gathered across the replicas."""
-    return self._whole(index).numpy()
+  def whole_values(self) -> list[tf.Tensor]:
+    """Every weight's whole value, from one gather of the shards."""
+    return self._pieces(self._gathered_shards())
 
   def _whole(self, index: int) -> tf.Tensor:
+    start = sum(self.sizes[:index])
+    return tf.reshape(self._gathered_shards()[start:start + self.sizes[index]],
+                      self.shapes[index])
+
+  def _gathered_shards(self) -> tf.Tensor:
+    """Every replica's shard end to end, gathered across the replicas (under
+    multi_worker_mirrored a collective: every worker reads)."""
     local = [self.components[d].read_value() for d in sorted(
         self.components, key=self.replica_of.__getitem__)]
-    if len(local) == self.replicas:  # One process holds every replica.
-      whole = tf.concat(local, 0)
-    else:
-      first = min(self.replica_of.values())
-      shards = self.strategy.experimental_distribute_values_from_function(
-          lambda context: local[context.replica_id_in_sync_group - first])
-      with progress.collective(progress.Collective.SHARDED_GATHER):  # Every worker reads.
-        whole = self.strategy.gather(shards, axis=0)
-    start = sum(self.sizes[:index])
-    return tf.reshape(whole[start:start + self.sizes[index]], self.shapes[index])
+    with progress.collective(progress.Collective.SHARDED_GATHER):
+      return self.shards._gather(self.strategy, local)  # pylint: disable=protected-access
 
   def _pieces(self, whole):
     pad = self.size * self.replicas - sum(self.sizes)
