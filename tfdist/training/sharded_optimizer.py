@@ -220,6 +220,12 @@ class _Shards:
     if len(variables) != len(self.sizes):
       raise ValueError("training.shard_optimizer: every trainable variable needs a gradient "
                        f"each step; {len(self.sizes) - len(variables)} had none")
+    sparse = [getattr(v, "path", None) or v.name for (g, _), v in zip(grads_and_vars, variables)
+              if any(isinstance(p, tf.IndexedSlices)
+                     for p in distribution.experimental_local_results(g))]
+    if sparse:  # Found 2026-11-29: mirrored failed to trace, MWMS trained 0.36 off plain Keras.
+      raise ValueError(f"training.shard_optimizer: {sparse[0]} has a sparse gradient (an "
+                       "Embedding's); sharded updates of sparse gradients are not supported yet")
 
     # Adam's bias correction counts updates: Keras's `iterations` divides the batches counted
     # by the accumulation steps, the shard optimizer's the same.
