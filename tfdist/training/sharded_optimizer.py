@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist.progress as progress
+from tfdist.strategy import gradient_reduction
 from tfdist.training import reduce_scatter
 
 PIECE_BYTES = 1 << 20
@@ -102,8 +103,9 @@ def install(optimizer, strategy, gradients: bool = False) -> None:
     raise ValueError("shard the optimizer before it is built (before its first step)")
   state = _Shards(inner, strategy, gradients)
   inner.tfdist_shards = state
-  if gradients:  # Each replica's own gradients reach the update; it reduces its shard there.
-    inner._all_reduce_sum_gradients = types.MethodType(lambda self, pairs: list(pairs), inner)
+  if gradients:  # Each replica's own dense gradients reach the update, which reduces its shard
+    # there; a sparse one (an Embedding's rows) is summed as Keras sums it (every replica's rows).
+    gradient_reduction.wrap(inner, _sparse_reduced)
   inner.build = types.MethodType(lambda self, variables: state.build(variables), inner)
   inner._distributed_tf_update_step = types.MethodType(
       lambda self, distribution, grads_and_vars, learning_rate: state.update(
@@ -114,6 +116,17 @@ def install(optimizer, strategy, gradients: bool = False) -> None:
         lambda self, store, own=own: state.save(store, own), holder)
     holder.load_own_variables = types.MethodType(
         lambda self, store, own=own: state.load(store, own), holder)
+
+
+def _sparse_reduced(reduce, grads_and_vars):
+  """Stage 2's reduction: the sparse gradients' (`reduce`, Keras's all-reduce: each replica's
+  rows gathered); the dense ones left as they are (reduce-scattered by the update)."""
+  pairs = list(grads_and_vars)
+  sparse = [i for i, (g, _) in enumerate(pairs) if isinstance(g, tf.IndexedSlices)]
+  if sparse:
+    for i, reduced in zip(sparse, reduce([pairs[i] for i in sparse])):
+      pairs[i] = reduced
+  return pairs
 
 
 def describe(optimizer, variables) -> str | None:
@@ -154,6 +167,16 @@ class _Shard:
 
   def assign_sub(self, value):
     self.value = self.value - value
+
+  # A sparse gradient's rows (Adagrad's update of the weights): IndexedSlices over the shard.
+  def scatter_update(self, slices):
+    self.value = tf.tensor_scatter_nd_update(self.value, slices.indices[:, None], slices.values)
+
+  def scatter_add(self, slices):
+    self.value = tf.tensor_scatter_nd_add(self.value, slices.indices[:, None], slices.values)
+
+  def scatter_sub(self, slices):
+    self.value = tf.tensor_scatter_nd_sub(self.value, slices.indices[:, None], slices.values)
 
 
 class _Shards:
@@ -214,19 +237,11 @@ class _Shards:
 
   def update(self, distribution, grads_and_vars, learning_rate):
     """Cross-replica: each replica updates its shard; the shards are gathered into the weights."""
-    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-             for g, _ in grads_and_vars]
+    grads = [g for g, _ in grads_and_vars]
     variables = [v for _, v in grads_and_vars]
     if len(variables) != len(self.sizes):
       raise ValueError("training.shard_optimizer: every trainable variable needs a gradient "
                        f"each step; {len(self.sizes) - len(variables)} had none")
-    sparse = [getattr(v, "path", None) or v.name for (g, _), v in zip(grads_and_vars, variables)
-              if any(isinstance(p, tf.IndexedSlices)
-                     for p in distribution.experimental_local_results(g))]
-    if sparse:  # Found 2026-11-29: mirrored failed to trace, MWMS trained 0.36 off plain Keras.
-      raise ValueError(f"training.shard_optimizer: {sparse[0]} has a sparse gradient (an "
-                       "Embedding's); sharded updates of sparse gradients are not supported yet")
-
     # Adam's bias correction counts updates: Keras's `iterations` divides the batches counted
     # by the accumulation steps, the shard optimizer's the same.
     self.shard.gradient_accumulation_steps = self.optimizer.gradient_accumulation_steps
@@ -236,15 +251,17 @@ class _Shards:
     def update_shard(slot, *values):
       device = tf.DeviceSpec.from_string(slot.device).to_string()
       replica = self.replica_of[device]
-      values = [tf.convert_to_tensor(v) for v in values]  # A sparse gradient made dense.
+      grads = values[:len(self.sizes)]
       if held is not None:  # Stage 3: the weights' shard is a variable of its own.
         self.weights.assign(held.component(device).read_value())
       else:
-        self.weights.assign(self._slice(values[len(grads):], replica))
-      if self.scatter:  # This replica's own gradients: its shard of their sum.
-        gradient = self._scattered(values[:len(grads)], replica, self.launchers[device])
+        self.weights.assign(self._slice(values[len(self.sizes):], replica))
+      dense = [None if isinstance(g, tf.IndexedSlices) else g for g in grads]
+      if self.scatter:  # This replica's own dense gradients: its shard of their sum.
+        gradient = self._scattered(dense, replica, self.launchers[device])
       else:  # Summed already (Keras's all-reduce): its shard of them.
-        gradient = self._slice(values[:len(grads)], replica)
+        gradient = self._slice(dense, replica)
+      gradient = self._with_sparse(gradient, grads, replica)
       self.shard.update_step(gradient, self.weights, learning_rate)
       if held is not None:
         held.component(device).assign(self.weights.value)
@@ -258,6 +275,33 @@ class _Shards:
                                           args=(*grads, *variables), group=False)
     self._write_gathered(distribution, shards if isinstance(shards, (tuple, list)) else [shards],
                          variables)
+
+  def _with_sparse(self, gradient, grads, replica: int):
+    """The shard's `gradient` (dense, zero where a sparse gradient's weight lies) with the rows
+    of each sparse gradient (an Embedding's IndexedSlices, summed over the replicas as Keras
+    sums them: every replica's rows, an index repeated as often as it was looked up) that fall
+    in replica `replica`'s shard: one IndexedSlices over the shard, so that the optimizer's own
+    `update_step` treats every looked-up row as plain Keras does on one device (Keras squares
+    a repeated row's gradients one by one, `keras/src/backend/tensorflow/sparse.py`
+    `elementwise_unary`: Adam's second moment is not the square of their sum). Unchanged when
+    no gradient is sparse."""
+    sparse = [(j, g) for j, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+    if not sparse:
+      return gradient
+    starts = np.cumsum([0, *self.sizes])
+    index = tf.int32 if self.size * self.replicas < 2**31 else tf.int64
+    begin, values = replica * self.size, [gradient]
+    indices = [tf.range(self.size, dtype=index)]
+    for j, g in sparse:
+      row = int(np.prod(self.shapes[j][1:]))
+      at = (tf.cast(g.indices, index)[:, None] * row + tf.range(row, dtype=index)[None, :]
+            + int(starts[j]) - begin)
+      at, rows = tf.reshape(at, [-1]), tf.reshape(tf.cast(g.values, gradient.dtype), [-1])
+      mine = (at >= 0) & (at < self.size)
+      values.append(tf.boolean_mask(rows, mine))
+      indices.append(tf.boolean_mask(at, mine))
+    return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0),
+                            tf.constant([self.size], index))
 
   def _write_gathered(self, distribution, local, variables):
     """Every replica's updated shard written into `variables` a piece at a time: piece i of each
@@ -313,11 +357,12 @@ class _Shards:
     for tensor, size in zip(tensors, self.sizes):
       a, b = max(begin, start), min(end, start + size)
       if a < b:
-        pieces.append(tf.reshape(tensor, [-1])[a - start:b - start])
+        pieces.append(tf.zeros([b - a], self.weights.dtype) if tensor is None else
+                      tf.reshape(tensor, [-1])[a - start:b - start])
       start += size
     covered = sum(int(p.shape[0]) for p in pieces)
     if covered < length:
-      pieces.append(tf.zeros([length - covered], tensors[0].dtype))
+      pieces.append(tf.zeros([length - covered], self.weights.dtype))
     return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
   def _pieces(self, whole):
