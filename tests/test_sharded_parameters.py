@@ -82,6 +82,36 @@ def test_batch_normalizations_statistics_stay_whole_and_train_as_plain_keras_mir
     np.testing.assert_allclose(sharded[name], plain[name], atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("recurrent", ["GRU", "LSTM"])
+def test_a_recurrent_layer_trains_as_plain_keras(recurrent):
+  """Keras's recurrent layers read their weights inside a `tf.while_loop` (the scan): the
+  step's gather is made around the loop, not in its body, so the tape reaches it (found
+  2026-11-29 with the GRU of tests/programs/text_classifier.py: its three weights had no
+  gradient); 2 steps a call. Token vectors into `recurrent` and a Dense: plain Keras on one
+  device. (A gather lifted out of a loop of steps, stale after the first, fails the
+  TrainingLoop test above.)"""
+  def model_fn():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,), dtype="int32")
+    hidden = getattr(keras.layers, recurrent)(5)(keras.layers.Embedding(10, 4)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+
+  def compile_args():
+    return dict(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, 10, (64, 6)).astype("int32")
+  labels = (tokens[:, 0] > 4).astype("int32")
+  model = tfdist.fit(model_fn, tokens, labels, shuffle=False, verbose=0, compile=compile_args,
+                     config={**MIRRORED, "training": {
+                         "global_batch_size": 16, "epochs": 2, "mixed_precision": "off",
+                         "steps_per_execution": 2, **STAGE_3}}).model
+  plain = model_fn()
+  plain.compile(**compile_args())
+  plain.fit(tokens, labels, batch_size=16, epochs=2, shuffle=False, verbose=0)
+  _assert_same(model.get_weights(), plain.get_weights())
+
+
 def _model():
   keras.utils.set_random_seed(5)
   return keras.Sequential([keras.Input((16,)), keras.layers.Dense(24, activation="relu"),

@@ -29,11 +29,14 @@ strategy: multi_worker_mirrored
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_v2_func_graphs
 from keras.src.backend.common import stateless_scope
 from keras.src.backend.tensorflow.core import Variable as _KerasVariable  # Keras's TF variable
 from tensorflow.python.eager import tape as tape_lib
@@ -190,12 +193,16 @@ class Parameters:
       return self._whole(index)
     replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
     device = self.device_of[int(replica)]
-    cache = self._eager if tf.executing_eagerly() else \
-        self._gathered.setdefault(tf.compat.v1.get_default_graph(), {})
+    if tf.executing_eagerly():
+      cache, around = self._eager, contextlib.nullcontext()
+    else:
+      graph = _step_graph()
+      cache, around = self._gathered.setdefault(graph, {}), graph.as_default()
     if device not in cache:
-      launcher = self.launchers[device]
-      whole = launcher.all_gather(self.components[device].read_value(), axis=0)
-      cache[device] = self._pieces(whole)
+      with around:  # In a loop's body (an RNN's scan) the step's graph gathers; the body captures.
+        launcher = self.launchers[device]
+        whole = launcher.all_gather(self.components[device].read_value(), axis=0)
+        cache[device] = self._pieces(whole)
     return cache[device][index]
 
   def whole_values(self) -> list[tf.Tensor]:
@@ -224,8 +231,9 @@ class Parameters:
     """Drops the gathered weights of the graph being traced (and eager ones): the shards were
     written, the next read gathers them anew."""
     self._eager.clear()
-    if not tf.executing_eagerly():
-      self._gathered.pop(tf.compat.v1.get_default_graph(), None)
+    if not tf.executing_eagerly():  # The update may sit in a cond's branch (loss scaling).
+      for graph in _enclosing_graphs():
+        self._gathered.pop(graph, None)
 
   # -- Writes. --------------------------------------------------------------------------------
 
@@ -290,6 +298,31 @@ class _Sharded(_KerasVariable):
   def _restore_from_tensors(self, restored_tensors):
     self.assign(restored_tensors["VARIABLE_VALUE"])
     return self.value
+
+
+def _step_graph():
+  """The graph a replica's step is being traced in: the graph being traced, or, from a while
+  loop's body or a cond's branch entered inside the replica's function (Keras's recurrent
+  layers read their weights in a `tf.while_loop`), the graph around them up to the one the
+  replica's function began in (`mirrored_run`'s replica thread's `graph`; a loop of steps
+  around it holds updates, so its body is as far as a gather goes). A gather made in the
+  recurrent layer's body would run once an iteration, and a GradientTape cannot reach a
+  tensor made there (the layer's weights had no gradient, found 2026-11-29 with a GRU)."""
+  graph = tf.compat.v1.get_default_graph()
+  began = getattr(threading.current_thread(), "graph", None)
+  if began is None:  # Not a replica's thread: the graph being traced.
+    return graph
+  while graph is not began and isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph):
+    graph = graph.outer_graph
+  return graph
+
+
+def _enclosing_graphs():
+  """The graph being traced and every graph around it."""
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    yield graph
+    graph = getattr(graph, "outer_graph", None)
 
 
 def _canonical(device: str) -> str:
