@@ -227,6 +227,48 @@ def test_a_sparse_gradient_trains_as_plain_keras(stage, optimizer):
   assert sparse_sharded.max_diff(model, optimizer) < 1e-5
 
 
+def test_keras_transformer_example_sharded_trains_as_keras_own_mirrored_strategy(tmp_path):
+  """Keras's Transformer text classifier (tests/programs/sparse_sharded.py): a position
+  embedding looked up once for the batch (one row per replica), attention, layer norms, a
+  gradient summed from several uses of a weight (it lost its static shape: stages 2-3 failed
+  to trace, found 2026-11-29). At stage 3 on mirrored: the weights of plain Keras's own
+  MirroredStrategy over the same 2 devices (not one device's: docs/reference/limits.md)."""
+  tokens, labels = sparse_sharded.data()
+  model = tfdist.fit(sparse_sharded.transformer_fn, tokens, labels, shuffle=False, verbose=0,
+                     compile=lambda: sparse_sharded.compile_args("adam"), config={
+                         **MIRRORED, "training": {
+                             "global_batch_size": sparse_sharded.BATCH, "epochs": 1,
+                             "mixed_precision": "off", "steps_per_execution": 1,
+                             **_sharding(3)}}).model
+  out = tmp_path / "keras_mirrored.npz"  # A process of its own: its collectives' keys.
+  done = forked.run([sys.executable, "-m", "tests.programs.sparse_sharded", "keras_mirrored",
+                     str(out)], env=ENV, cwd=REPO, timeout=180)
+  assert done.returncode == 0, done.stderr[-3000:]
+  saved = np.load(out)
+  _assert_same(model.get_weights(), [saved[f"arr_{i}"] for i in range(len(saved.files))])
+
+
+def test_keras_squares_a_repeated_rows_parts_one_by_one():
+  """Why the sharded update keeps a sparse gradient's rows apart (`_with_sparse`): Keras 3's
+  Adam given IndexedSlices with a row twice squares each part (its sparse updates since
+  keras-team/keras#18692; tf.keras 2 summed repeated rows first), so it is not Adam of their
+  sum. When this fails, Keras sums them: the rows may then be summed dense, and the limit in
+  docs/reference/limits.md (a lookup shared by the batch, one row per replica) is gone."""
+  import tensorflow as tf
+
+  def stepped(gradient):
+    variable = keras.Variable(np.zeros([3, 2], "float32"))
+    optimizer = keras.optimizers.Adam(0.1)
+    optimizer.apply([gradient], [variable])
+    return variable.numpy()
+  rows = tf.IndexedSlices(tf.constant([[1.0, 1.0], [-0.9, 1.0]]), tf.constant([0, 0]),
+                          tf.constant([3, 2]))
+  summed = stepped(tf.convert_to_tensor(rows))
+  np.testing.assert_allclose(summed[0], [-0.1, -0.1], rtol=1e-4)  # Adam's first step: lr.
+  parts = stepped(rows)
+  np.testing.assert_allclose(parts[0, 0], -0.1 * 0.1 / np.sqrt(1 + 0.81), rtol=1e-4)
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_sparse_gradient_across_two_worker_processes_trains_as_plain_keras(tmp_path, stage):
   """The Embedding model on two MultiWorkerMirrored processes through `tfdist launch`, where

@@ -3,7 +3,10 @@ is sparse (IndexedSlices, a row per token looked up, a token repeated within a b
 replicas), trained by `tfdist.fit` under the launched config, and its distance from plain Keras
 on one device: prints `MAX_DIFF x`.
 
-Usage: python -m tests.programs.sparse_sharded OPTIMIZER (under `tfdist launch`)"""
+Usage: python -m tests.programs.sparse_sharded OPTIMIZER (under `tfdist launch`)
+       python -m tests.programs.sparse_sharded keras_mirrored OUT.npz: the Transformer example
+       (`transformer_fn`) trained one epoch by plain Keras's own MirroredStrategy over 2 logical
+       CPUs, its weights saved to OUT.npz"""
 
 import sys
 
@@ -32,6 +35,43 @@ def model_fn():
   return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(6, "relu")(pooled)))
 
 
+def transformer_fn():
+  """Keras's "Text classification with Transformer" example, smaller and without dropout: a
+  token and a position embedding (the positions looked up once for the whole batch: a sparse
+  gradient of one row per replica), multi-head attention, layer normalisation."""
+  import keras
+  from keras import layers, ops
+
+  class TokenAndPositionEmbedding(layers.Layer):
+    def __init__(self, maxlen, vocab_size, embed_dim):
+      super().__init__()
+      self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+      self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x):
+      positions = self.pos_emb(ops.arange(start=0, stop=ops.shape(x)[-1], step=1))
+      return self.token_emb(x) + positions
+
+  class TransformerBlock(layers.Layer):
+    def __init__(self, embed_dim, num_heads, ff_dim):
+      super().__init__()
+      self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+      self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"),
+                                   layers.Dense(embed_dim)])
+      self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+      self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+
+    def call(self, inputs):
+      out1 = self.layernorm1(inputs + self.att(inputs, inputs))
+      return self.layernorm2(out1 + self.ffn(out1))
+
+  keras.utils.set_random_seed(3)
+  inputs = layers.Input(shape=(8,))
+  x = TransformerBlock(8, 2, 8)(TokenAndPositionEmbedding(8, 30, 8)(inputs))
+  x = layers.Dense(6, activation="relu")(layers.GlobalAveragePooling1D()(x))
+  return keras.Model(inputs, layers.Dense(2)(x))
+
+
 def compile_args(optimizer: str):
   import keras
   return dict(optimizer=OPTIMIZERS[optimizer](keras),
@@ -54,7 +94,21 @@ def max_diff(model, optimizer: str) -> float:
              for a, b in zip(model.get_weights(), plain(optimizer), strict=True))
 
 
-def main(optimizer: str) -> None:
+def keras_mirrored(out: str) -> None:
+  import tensorflow as tf
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+  tokens, labels = data()
+  with tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"]).scope():
+    model = transformer_fn()
+    model.compile(**compile_args("adam"))
+  model.fit(tokens, labels, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  np.savez(out, *model.get_weights())
+
+
+def main(optimizer: str, out: str = "") -> None:
+  if optimizer == "keras_mirrored":
+    return keras_mirrored(out)
   import tfdist
   tokens, labels = data()
   model = tfdist.fit(model_fn, tokens, labels, shuffle=False, verbose=0,

@@ -256,7 +256,9 @@ class _Shards:
         self.weights.assign(held.component(device).read_value())
       else:
         self.weights.assign(self._slice(values[len(self.sizes):], replica))
-      dense = [None if isinstance(g, tf.IndexedSlices) else g for g in grads]
+      # A gradient summed from several uses of a weight may have lost its static shape.
+      dense = [None if isinstance(g, tf.IndexedSlices) else tf.reshape(g, shape)
+               for g, shape in zip(grads, self.shapes)]
       if self.scatter:  # This replica's own dense gradients: its shard of their sum.
         gradient = self._scattered(dense, replica, self.launchers[device])
       else:  # Summed already (Keras's all-reduce): its shard of them.
