@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tfdist.testing import forked
 from tests.conftest import PROGRAMS, REPO
@@ -64,11 +65,16 @@ def _assert_same(got, want, case):
     np.testing.assert_allclose(g, w, atol=TOLERANCE, err_msg=f"{case} weights")
 
 
-def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path):
+@pytest.mark.parametrize("sharding", ["", ", shard_optimizer: true, shard_gradients: true, "
+                                      "shard_parameters: true"], ids=["unsharded", "stage_3"])
+def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path, sharding):
+  """Every case of tests/programs/keras_contract.py on 2 workers equals plain Keras on one
+  device; also with the weights, gradients and optimizer state sharded (ZeRO stage 3: its
+  SGD keeps no state, its gradients and weights are sharded)."""
   want = _one_device("keras_contract.py", "plain")
   code, output = run_launch(
       tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
-      "mixed_precision: 'off'}\n", "keras_contract.py", "tfdist")
+      f"mixed_precision: 'off'{sharding}}}\n", "keras_contract.py", "tfdist")
   assert code == 0, output[-3000:]
   got = _results(output, "[worker-0] ")
   assert got.keys() == want.keys() == {

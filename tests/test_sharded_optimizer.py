@@ -211,10 +211,11 @@ def _sharding(stage: int) -> dict:
 
 
 @pytest.mark.parametrize("stage, optimizer", [(1, "adam"), (2, "adagrad"), (3, "adam"),
-                                              (3, "sgd_momentum")])
+                                              (3, "sgd_momentum"), (2, "sgd"), (3, "sgd")])
 def test_a_sparse_gradient_trains_as_plain_keras(stage, optimizer):
   """An Embedding's gradient is sparse (IndexedSlices, a token's row once per lookup): each
-  stage on mirrored ends with plain Keras's weights on one device. Found 2026-11-29 by a
+  stage on mirrored ends with plain Keras's weights on one device (SGD without momentum keeps
+  no state, but stages 2-3 shard its gradients and weights). Found 2026-11-29 by a
   user-shaped script: made dense before the update, two MWMS workers trained 0.36 away (Keras's
   update squares a repeated row's parts one by one, not their sum); mirrored failed to trace."""
   tokens, labels = sparse_sharded.data()
@@ -298,8 +299,10 @@ def test_an_optimizer_whose_update_is_not_elementwise_is_refused():
   assert str(refused.value).startswith(
       "<dict>: training.shard_optimizer: cannot shard this optimizer: Lamb's update")
   assert sharded_optimizer.refusal(keras.optimizers.Adam()) is None
-  assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1)) == \
-      "SGD without momentum keeps no state to shard"
+  assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1)) == (
+      "SGD without momentum keeps no state to shard (its gradients can be: "
+      "training.shard_gradients: true)")
+  assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1), gradients=True) is None
 
 
 def test_tensorflow_has_no_reduce_scatter_on_cpu_yet():

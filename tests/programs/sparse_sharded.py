@@ -14,7 +14,8 @@ import numpy as np
 
 OPTIMIZERS = {"adam": lambda keras: keras.optimizers.Adam(0.01),
               "adagrad": lambda keras: keras.optimizers.Adagrad(0.1),
-              "sgd_momentum": lambda keras: keras.optimizers.SGD(0.1, momentum=0.9)}
+              "sgd_momentum": lambda keras: keras.optimizers.SGD(0.1, momentum=0.9),
+              "sgd": lambda keras: keras.optimizers.SGD(0.1)}
 BATCH, EPOCHS = 32, 2
 
 

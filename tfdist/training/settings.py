@@ -294,7 +294,7 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
 
 def _shard(optimizer, strategy, config: Config, gradients: bool) -> None:
   from tfdist.training import sharded_optimizer
-  why = sharded_optimizer.refusal(optimizer)
+  why = sharded_optimizer.refusal(optimizer, gradients=gradients)
   if why is None and getattr(optimizer, "inner_optimizer", optimizer).built:
     why = "the optimizer was already built (shard it before its first step)"
   if why:

@@ -62,15 +62,17 @@ stage 1's 94.5."""
 SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Lion")
 
 
-def refusal(optimizer) -> str | None:
-  """Why `optimizer` cannot be sharded (a sentence), or None."""
+def refusal(optimizer, gradients: bool = False) -> str | None:
+  """Why `optimizer` cannot be sharded (a sentence), or None; `gradients`: the gradients are
+  sharded too (stage 2 or 3: an optimizer without state still has them to shard)."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   name = type(inner).__name__
   if name not in SHARDABLE or type(inner).__module__.split(".")[0] != "keras":
     return (f"{name}'s update is not one Keras optimizer's elementwise update; shardable: "
             f"{', '.join(SHARDABLE)}")
-  if name == "SGD" and not inner.momentum:
-    return "SGD without momentum keeps no state to shard"
+  if name == "SGD" and not inner.momentum and not gradients:
+    return ("SGD without momentum keeps no state to shard (its gradients can be: "
+            "training.shard_gradients: true)")
   if getattr(inner, "use_ema", False):
     return "an optimizer with use_ema keeps whole averages of every weight on every replica"
   return None
@@ -231,7 +233,12 @@ class _Shards:
                                                   self.slots[n].value)])
                  for n in names])
     self.shard = shard  # Keras's own update_step: a fused kernel needs a variable to update.
-    self.anchor = self.slots[names[0]]  # Places each replica's update on its device.
+    if names:  # Places each replica's update on its device.
+      self.anchor = self.slots[names[0]]
+    else:  # An optimizer without state (SGD without momentum, stages 2-3): one element a replica.
+      with self.strategy.scope():
+        self.anchor = keras.Variable(np.zeros([1], "float32"), trainable=False,
+                                     name=f"{optimizer.name}_anchor")
     self.order = self.whole_order()
     optimizer.built = True
 
