@@ -58,7 +58,8 @@ def _assert_same(got, want, case):
     for key, values in want["history"].items():
       np.testing.assert_allclose(got["history"][key], values, atol=TOLERANCE,
                                  err_msg=f"{case} {key}")
-  for key in ("evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"):
+  for key in ("evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch",
+              "second"):
     if key in want:
       np.testing.assert_allclose(got[key], want[key], atol=TOLERANCE, err_msg=f"{case} {key}")
   for g, w in zip(got.get("weights", []), want.get("weights", []), strict=True):
@@ -79,7 +80,8 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   got = _results(output, "[worker-0] ")
   assert got.keys() == want.keys() == {
       "validation_split", "sample_weight", "class_weight", "initial_epoch", "validation_steps",
-      "shuffled_dataset", "keras_methods", "guides_train_step", "several_inputs"}
+      "shuffled_dataset", "keras_methods", "guides_train_step", "several_inputs",
+      "fine_tuning"}
   for case in want:
     _assert_same(got[case], want[case], case)
   # The user's total counts every row once (not once per worker, not one worker's half).

@@ -62,6 +62,36 @@ def test_keras_19246_mirrored_steps_per_execution_fails_without_the_fix():
 
 
 @pytest.mark.usefixtures("two_cpus")
+def test_keras_17187_a_model_compiled_again_outside_its_scope_fails_without_the_fix():
+  """The transfer-learning guide's second phase: compiled again outside the scope it was built
+  in, with a new optimizer (a string fails alike), Keras's next fit fails."""
+  model = _mirrored_model()
+  x = tf.ones((64, 4))
+  with without_fixes():
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+  with pytest.raises(RuntimeError, match="Mixing different tf.distribute.Strategy objects"), \
+      without_fixes():
+    model.fit(x, x[:, :2], batch_size=8, verbose=0)
+    pytest.fail("keras#17187 looks fixed: drop the compile fix")
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_model_compiled_again_outside_its_scope_trains_with_the_fix():
+  """With the fix: the optimizer and the metric made outside are made again in the model's
+  scope, the caller's objects kept (tests/test_keras_contract.py's `fine_tuning` case checks
+  the training against one device on two workers)."""
+  from tfdist.training import keras_fixes
+  keras_fixes.install()
+  model = _mirrored_model()
+  optimizer, metric = keras.optimizers.Adam(1e-4), keras.metrics.MeanSquaredError()
+  model.compile(optimizer=optimizer, loss="mse", metrics=[metric])
+  x = tf.ones((64, 4))
+  model.fit(x, x[:, :2], batch_size=8, verbose=0)
+  assert model.optimizer is optimizer and int(optimizer.iterations.numpy()) == 8
+  assert all(type(v.value).__name__ == "SyncOnReadVariable" for v in metric.variables)
+
+
+@pytest.mark.usefixtures("two_cpus")
 def test_keras_20582_mirrored_gradient_accumulation_fails_without_the_fix():
   model = _mirrored_model(gradient_accumulation_steps=2)
   x = tf.ones((64, 4))

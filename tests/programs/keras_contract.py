@@ -2,8 +2,11 @@
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
 returns, a seeded dataset shuffle, a model of two inputs given as a list, and a model with its
 own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" guide writes
-them. `python keras_contract.py plain` trains with plain Keras on one device (no tfdist);
-`python keras_contract.py tfdist` with `tfdist.fit` under the launched config. Each prints one
+them, and the transfer-learning guide's two phases (a frozen base trained under
+EarlyStopping, then unfrozen, compiled again with a new optimizer and metric made outside any
+scope, and trained by Keras's own fit). `python keras_contract.py plain` trains with plain
+Keras on one device (no tfdist); `python keras_contract.py tfdist` with `tfdist.fit` under the
+launched config. Each prints one
 `RESULT <case> <json>` line per case (the chief's, or each task's alike)."""
 
 import json
@@ -68,6 +71,42 @@ def make_model(own_step=False):
   return model
 
 
+def make_frozen_base():
+  """Keras's transfer-learning guide: a base frozen (called with training=False) under a new
+  head."""
+  init = keras.initializers.GlorotUniform(seed=3)
+  base = keras.Sequential([keras.Input((8,)),
+                           keras.layers.Dense(16, "relu", kernel_initializer=init),
+                           keras.layers.LayerNormalization(),
+                           keras.layers.Dense(8, "relu", kernel_initializer=init)], name="base")
+  base.trainable = False
+  inputs = keras.Input((8,))
+  model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer=init)(
+      base(inputs, training=False)))
+  model.compile(**fine_tuning_compile(1e-2))
+  return model
+
+
+def fine_tuning_compile(learning_rate):
+  return dict(optimizer=keras.optimizers.Adam(learning_rate),
+              loss=keras.losses.BinaryCrossentropy(from_logits=True),
+              metrics=[keras.metrics.BinaryAccuracy(threshold=0.0)])
+
+
+def fine_tune(history, model):
+  """The guide's second phase on the model the first gave: the base unfrozen, compiled again
+  (an optimizer and a metric made here, outside any strategy's scope), Keras's own fit."""
+  model.get_layer("base").trainable = True
+  model.compile(**fine_tuning_compile(1e-4))
+  second = model.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  report("fine_tuning", history, model,
+         second=[second.history["loss"], second.history["binary_accuracy"]],
+         evaluate=model.evaluate(X, Y, batch_size=BATCH, verbose=0))
+
+
+STOP = dict(monitor="loss", patience=1, restore_best_weights=True)
+
+
 FIT_CASES = {
     "validation_split": dict(validation_split=0.25),
     "sample_weight": dict(sample_weight=W),
@@ -107,6 +146,9 @@ def plain():
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
   keras_methods(model)
+  model = make_frozen_base()
+  fine_tune(model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                      callbacks=[keras.callbacks.EarlyStopping(**STOP)]), model)
 
 
 def distributed():
@@ -123,6 +165,9 @@ def distributed():
   history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
   report("shuffled_dataset", history, history.model)
   keras_methods(history.model)  # Keras's own methods on it.
+  history = tfdist.fit(make_frozen_base, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                       verbose=0, callbacks=[keras.callbacks.EarlyStopping(**STOP)])
+  fine_tune(history, history.model)
 
 
 def keras_methods(model):

@@ -65,7 +65,64 @@ def install() -> None:
   for name in ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
                "predict_on_batch"):
     setattr(keras.Model, name, _with_fixes(getattr(keras.Model, name)))
+  keras.Model.compile = _compiled_in_its_scope(keras.Model.compile)
   keras.Model._tfdist_fixed = True
+
+
+def _compiled_in_its_scope(compile_method):
+  """keras-team/keras#17187: a model built under a replicated strategy and compiled again
+  outside its scope (Keras's transfer-learning guide's second phase, on the model
+  `tfdist.fit` returned, whose scope its user never saw) fails at its next fit with
+  "Mixing different tf.distribute.Strategy objects", with an optimizer made there or named
+  by a string alike; and a metric made there keeps plain variables: under
+  multi_worker_mirrored each worker's evaluate reported its own share's accuracy. Compiled in
+  the model's scope instead; an optimizer or metric made outside it is made again there from
+  its config (the same object the caller holds)."""
+  @functools.wraps(compile_method)
+  def compile(model, *args, **kwargs):
+    strategy = getattr(model, "_distribute_strategy", None)
+    if getattr(_inside, "fixing", False) or strategy is None or not _replicated(strategy) or \
+        tf.distribute.has_strategy():
+      return compile_method(model, *args, **kwargs)
+    given = inspect.signature(compile_method).bind_partial(model, *args, **kwargs).arguments
+    with strategy.scope():
+      if isinstance(given.get("optimizer"), keras.optimizers.Optimizer):
+        _optimizer_made_in(given["optimizer"], strategy)
+      for metric in tf.nest.flatten([given.get("metrics"), given.get("weighted_metrics")]):
+        if isinstance(metric, keras.metrics.Metric):
+          _metric_made_in(metric)
+      return compile_method(model, *args, **kwargs)
+  return compile
+
+
+def _optimizer_made_in(optimizer, strategy) -> None:
+  """`optimizer`, made outside `strategy`'s scope, made again in it from its config."""
+  if getattr(optimizer, "_distribution_strategy", strategy) is strategy:
+    return
+  if optimizer.built or int(optimizer.iterations.numpy()):
+    raise ValueError(f"the optimizer {optimizer.name} passed to compile was made and used "
+                     "outside the model's strategy; pass a new one (or a string)")
+  _made_again(optimizer)
+
+
+def _metric_made_in(metric) -> None:
+  """`metric`, its variables made outside the current strategy's scope, made again in it."""
+  if all(isinstance(getattr(v, "value", v), tf_values.DistributedVariable)
+         for v in metric.variables):
+    return
+  _made_again(metric)
+
+
+def _made_again(made):
+  """`made` (a Keras optimizer or metric) made again from its config in the current scope,
+  keeping the object; refused in one line when its config does not make it."""
+  try:
+    again = type(made).from_config(made.get_config())
+  except (TypeError, ValueError) as error:
+    raise ValueError(f"{type(made).__name__} {made.name!r} was made outside the model's "
+                     "strategy scope and cannot be made again from its config (" + str(error)
+                     + "): make it inside `with model.distribute_strategy.scope():`") from None
+  made.__dict__ = again.__dict__
 
 
 @contextlib.contextmanager
