@@ -300,8 +300,8 @@ def test_a_users_metrics_and_keras_auc_read_as_on_one_device(strategy):
 def test_save_and_load_as_tensorflows_tutorial_does_across_strategies(tmp_path):
   """TensorFlow's "Save and load a model using a distribution strategy": the model trained
   under mirrored saved with `model.save`, loaded without a strategy and inside another
-  strategy's scope, and trained on by Keras's own fit: each as plain Keras continuing on one
-  device from the same file."""
+  strategy's scope, and trained on by Keras's own fit, and loaded as `tfdist.fit`'s model_fn:
+  each as plain Keras continuing on one device from the same file."""
   history = tfdist.fit(make_model, X, Y, config=config("mirrored"), epochs=1, shuffle=False,
                        verbose=0)
   path = tmp_path / "model.keras"
@@ -314,3 +314,8 @@ def test_save_and_load_as_tensorflows_tutorial_does_across_strategies(tmp_path):
   _assert_same(got, restored, want, plain)
   np.testing.assert_allclose(restored.evaluate(X, Y, batch_size=BATCH, verbose=0),
                              plain.evaluate(X, Y, batch_size=BATCH, verbose=0), atol=TOLERANCE)
+  # The file as tfdist.fit's model_fn: Keras's load_model compiles it (its optimizer's state
+  # restored) only while Model.compile is Keras's own (tfdist's compile fix sits on Trainer).
+  resumed = tfdist.fit(lambda: keras.models.load_model(path), X, Y, config=config("mirrored"),
+                       epochs=2, shuffle=False, verbose=0)
+  _assert_same(resumed, resumed.model, want, plain)

@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
 from keras.src.backend.tensorflow import trainer as tf_trainer
+from keras.src.trainers import trainer
 
 from tfdist.training import accumulation
 
@@ -65,7 +66,9 @@ def install() -> None:
   for name in ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
                "predict_on_batch"):
     setattr(keras.Model, name, _with_fixes(getattr(keras.Model, name)))
-  keras.Model.compile = _compiled_in_its_scope(keras.Model.compile)
+  # On the class that defines it: Keras's `compile_from_config` (`load_model`) compiles only a
+  # model whose class's `compile` is `Trainer.compile` (else it takes it for a user's own).
+  trainer.Trainer.compile = _compiled_in_its_scope(trainer.Trainer.compile)
   keras.Model._tfdist_fixed = True
 
 
