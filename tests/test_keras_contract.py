@@ -5,6 +5,7 @@ tfdist.fit returns, a seeded reshuffling dataset; and scripts written as TensorF
 multi-worker tutorial and Keras's distributed-training guide teach, with no tfdist in them,
 run unchanged. Every case within 1e-5 of one device."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -38,6 +39,7 @@ _KERAS_ITERATOR_SEGFAULT = ("Fatal Python error: Segmentation fault", "epoch_ite
                             "in reset")
 
 
+@functools.cache  # One run of the plain program for each test of this file that reads it.
 def _one_device(program, *args):
   """The program run by plain Python: no launcher, no TF_CONFIG, no tfdist on the path; run
   again (twice at most) only when it died of plain Keras's iterator segfault above."""
