@@ -135,6 +135,35 @@ class _Seen(keras.callbacks.Callback):
     self.weights.append(self.model.get_weights())
 
 
+def test_a_read_outside_a_step_gathers_that_weight_not_the_whole_model():
+  """Keras's `get_weights` (and a checkpoint) reads weight by weight: each read gathers the
+  replicas' parts of that weight, padded to the longest (2 replicas: at most twice its size),
+  not every shard once per weight (the whole model times the weights, before); the values are
+  the gathered whole model's."""
+  gathered, read = [], {}
+
+  class Counted(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+      held = self.model.trainable_weights[0]._tfdist_held
+      gather = held.shards._gather
+      held.shards._gather = lambda strategy, local: (
+          gathered.append(sum(int(t.shape[0]) for t in local)), gather(strategy, local))[1]
+      try:
+        read["weights"] = [w.numpy() for w in self.model.trainable_weights]
+      finally:
+        held.shards._gather = gather
+      read["whole"] = [w.numpy() for w in held.whole_values()]
+  x, y = custom_loop.data()
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 1,
+                                     "mixed_precision": "off", **STAGE_3}}
+  model = tfdist.fit(lambda: _compiled(_model()), x[:64], y[:64], config=config,
+                     shuffle=False, verbose=0, callbacks=[Counted()]).model
+  sizes = [int(np.prod(w.shape)) for w in model.trainable_weights]
+  assert len(gathered) == len(sizes)  # One gather a weight.
+  assert sum(gathered) <= 2 * sum(sizes), (gathered, sizes)
+  _assert_same(read["weights"], read["whole"], atol=0)
+
+
 def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
   """During fit a user's callback's `get_weights` and Keras's validation read whole weights
   (plain Keras's, epoch by epoch); after it Keras's own evaluate, predict, `model.save`,

@@ -210,15 +210,35 @@ class Parameters:
     return self._pieces(self._gathered_shards())
 
   def _whole(self, index: int) -> tf.Tensor:
-    start = sum(self.sizes[:index])
-    return tf.reshape(self._gathered_shards()[start:start + self.sizes[index]],
-                      self.shapes[index])
+    """Weight `index` alone, gathered from the replicas whose shards hold a part of it: each
+    replica's part padded to the longest, so a read moves N times the weight, not the whole
+    model (Keras's `get_weights` and a checkpoint read weight by weight)."""
+    begin = sum(self.sizes[:index])
+    end = begin + self.sizes[index]
+    parts = {}
+    for device, component in self.components.items():
+      at = self.replica_of[device] * self.size
+      lo, hi = max(begin, at), min(end, at + self.size)
+      parts[device] = component[lo - at:hi - at] if lo < hi else \
+          tf.zeros([0], self.dtype)
+    longest = min(self.sizes[index], self.size)  # No replica holds more of it than a shard.
+    local = [tf.pad(parts[d], [[0, longest - int(parts[d].shape[0])]])
+             for d in sorted(self.components, key=self.replica_of.__getitem__)]
+    gathered = tf.reshape(self._end_to_end(local), [self.replicas, longest])
+    held = [max(0, min(end, (r + 1) * self.size) - max(begin, r * self.size))
+            for r in range(self.replicas)]
+    whole = tf.concat([gathered[r, :n] for r, n in enumerate(held) if n], 0)
+    return tf.reshape(whole, self.shapes[index])
 
   def _gathered_shards(self) -> tf.Tensor:
     """Every replica's shard end to end, gathered across the replicas (under
     multi_worker_mirrored a collective: every worker reads)."""
-    local = [self.components[d].read_value() for d in sorted(
-        self.components, key=self.replica_of.__getitem__)]
+    return self._end_to_end([self.components[d].read_value() for d in sorted(
+        self.components, key=self.replica_of.__getitem__)])
+
+  def _end_to_end(self, local) -> tf.Tensor:
+    """This process's replicas' `local` tensors (of one length, in replica order) and every
+    other replica's, end to end in replica order."""
     with progress.collective(progress.Collective.SHARDED_GATHER):
       return self.shards._gather(self.strategy, local)  # pylint: disable=protected-access
 
