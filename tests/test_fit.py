@@ -53,6 +53,8 @@ def assert_same_training(result, reference, variant="plain"):
   np.testing.assert_allclose(result["predict"], reference["predict"], **tolerance)
   for got, want in zip(result["weights"], reference["weights"], strict=True):
     np.testing.assert_allclose(got, want, **tolerance)
+  if "iterations" in result:  # The updates made.
+    assert result["iterations"] == reference["iterations"], variant
   if half:
     assert result["compute_dtype"] == half and result["predict_dtype"] == "float32"
 

@@ -61,6 +61,24 @@ def test_keras_19246_mirrored_steps_per_execution_fails_without_the_fix():
     pytest.fail("keras#19246 looks fixed: drop the steps_per_execution fix")
 
 
+def test_keras_counts_an_update_more_each_epoch_of_data_of_unknown_length():
+  """Since keras-team/keras#21262 the optimizer counts an update in `apply`, with no data
+  dependency: Keras's own one-step function, on one device, counts one more each epoch whose
+  data (of unknown length) ran out mid-call (the failing `get_next` does not stop it), so
+  Adam's bias correction drifts. tfdist's looping function (`first_step`) runs a step only on
+  a batch that is there: tests/test_fit.py's `unknown_length` case compares `iterations` on
+  every strategy. When this fails, Keras counts right: the first step may be Keras's again."""
+  import numpy as np
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(optimizer=keras.optimizers.Adam(), loss="mse", steps_per_execution=1)
+  x = np.ones((48, 4), "float32")
+  unknown = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(8).filter(lambda *e: True)
+  model.fit(unknown, epochs=2, verbose=0)
+  assert int(model.optimizer.iterations.numpy()) == 2 * 6 + 2, \
+      "Keras counts each epoch's updates right: drop the note in first_step"
+
+
 @pytest.mark.usefixtures("two_cpus")
 def test_keras_17187_a_model_compiled_again_outside_its_scope_fails_without_the_fix():
   """The transfer-learning guide's second phase: compiled again outside the scope it was built

@@ -270,12 +270,14 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
     steps_per_epoch = steps_per_epoch or epoch_steps
-  if clock is not None or local or (model.steps_per_execution > 1 and (
-      test_steps or (_BROKEN and (_mirrors(strategy) or steps_per_epoch)))):
+  if _BROKEN or clock is not None or local:
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
     # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
-    # whatever is left of the epoch: it eats the next epoch's batches.
+    # whatever is left of the epoch: it eats the next epoch's batches. And since
+    # keras-team/keras#21262 the optimizer counts an update in `apply` with no data dependency:
+    # at the end of data of unknown length Keras's own step counted one more each epoch (one
+    # device too; `first_step`).
     limits = (steps_per_epoch, test_steps, clock)
     if getattr(model, "_tfdist_limits", limits) != limits:  # Functions made for others.
       model.train_function = model.test_function = None
@@ -538,14 +540,35 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
         break
       run(data.get_value(), requested_at)
 
+  def first_step(iterator, outputs_of):
+    """The call's first step, run only on a batch that is there; at the data's end an
+    OutOfRange (an epoch's end, as Keras reads it) and no op of a step. A step's ops that
+    take no batch (the optimizer's `iterations.assign_add`) ran while a failing `get_next`
+    was still all-reducing "has data" under multi_worker_mirrored: each epoch of data of
+    unknown length counted an update more (Adam's bias correction off: 4.9e-5 after 2
+    epochs, found 2026-11-29)."""
+    requested_at = now()
+    data = iterator.get_next_as_optional()
+    made = {}
+
+    def present():
+      made["outputs"] = outputs_of(run(data.get_value(), requested_at))
+      return made["outputs"]
+
+    def absent():
+      ended = strategy.experimental_local_results(iterator.get_next())  # Raises OutOfRange.
+      with tf.control_dependencies(tf.nest.flatten(ended)):
+        return tf.nest.map_structure(
+            lambda t: tf.zeros([d or 0 for d in t.shape], t.dtype), made["outputs"])
+    return tf.cond(data.has_value(), present, absent)
+
   @tf.function(reduce_retracing=True)
   def steps_on_iterator(iterator, steps):
-    requested_at = now()
-    outputs = run(iterator.get_next(), requested_at)  # OutOfRange ends the epoch, as in Keras.
     if logs_once:
+      first_step(iterator, lambda outputs: tf.constant(0))
       rest_of_call_unreduced(iterator, steps)
       return logs()
-    return rest_of_call(iterator, steps, reduced(outputs))
+    return rest_of_call(iterator, steps, first_step(iterator, reduced))
 
   @tf.function(reduce_retracing=True)
   def steps_accumulating(iterator, steps):
