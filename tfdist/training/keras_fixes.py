@@ -270,14 +270,17 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
     steps_per_epoch = steps_per_epoch or epoch_steps
-  if _BROKEN or clock is not None or local:
+  ends_when_data_does = not (steps_per_epoch or epoch_steps or test_steps)
+  if clock is not None or local or (_BROKEN and ends_when_data_does) or (
+      model.steps_per_execution > 1 and (
+          test_steps or (_BROKEN and (_mirrors(strategy) or steps_per_epoch)))):
     # keras-team/keras#19246: Keras loops over a nested tf.function holding the all-reduce; a
     # tf.function with collectives called in a tf.while_loop leaves an unfed placeholder.
     # And with steps_per_epoch, Keras's last call of an epoch runs steps_per_execution steps
     # whatever is left of the epoch: it eats the next epoch's batches. And since
     # keras-team/keras#21262 the optimizer counts an update in `apply` with no data dependency:
-    # at the end of data of unknown length Keras's own step counted one more each epoch (one
-    # device too; `first_step`).
+    # where an epoch ends when the data does (unknown length), Keras's own step counted one
+    # more each epoch (one device too; `first_step`).
     limits = (steps_per_epoch, test_steps, clock)
     if getattr(model, "_tfdist_limits", limits) != limits:  # Functions made for others.
       model.train_function = model.test_function = None
