@@ -5,8 +5,8 @@ own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" 
 them, and the transfer-learning guide's two phases (a frozen base trained under
 EarlyStopping, then unfrozen, compiled again with a new optimizer and metric made outside any
 scope, and trained by Keras's own fit). `python keras_contract.py plain` trains with plain
-Keras on one device (no tfdist); `python keras_contract.py tfdist` with `tfdist.fit` under the
-launched config. Each prints one
+Keras on one device (no tfdist); `python keras_contract.py tfdist [CASE...]` with `tfdist.fit` under
+the launched config (the cases named, or all). Each prints one
 `RESULT <case> <json>` line per case (the chief's, or each task's alike)."""
 
 import json
@@ -151,23 +151,34 @@ def plain():
                       callbacks=[keras.callbacks.EarlyStopping(**STOP)]), model)
 
 
-def distributed():
+def distributed(only=()):
+  """Each case through `tfdist.fit` under the launched config; `only`: those cases alone."""
+  def wanted(case):
+    return not only or case in only
   dataset = shuffled()
   for case, kwargs in FIT_CASES.items():
-    history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
-                         verbose=0, **kwargs)
-    report(case, history, history.model)
-  history = tfdist.fit(make_two_inputs, TWO, Y, **TWO_FIT)
-  report_two_inputs(history, history.model)
-  history = tfdist.fit(lambda: make_model(own_step=True), X, Y, **GUIDES)
-  report("guides_train_step", history, history.model,
-         evaluate=history.model.evaluate(X, Y, batch_size=BATCH, verbose=0))
-  history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
-  report("shuffled_dataset", history, history.model)
-  keras_methods(history.model)  # Keras's own methods on it.
-  history = tfdist.fit(make_frozen_base, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
-                       verbose=0, callbacks=[keras.callbacks.EarlyStopping(**STOP)])
-  fine_tune(history, history.model)
+    if wanted(case):
+      history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                           verbose=0, **kwargs)
+      report(case, history, history.model)
+  if wanted("several_inputs"):
+    history = tfdist.fit(make_two_inputs, TWO, Y, **TWO_FIT)
+    report_two_inputs(history, history.model)
+  if wanted("guides_train_step"):
+    history = tfdist.fit(lambda: make_model(own_step=True), X, Y, **GUIDES)
+    report("guides_train_step", history, history.model,
+           evaluate=history.model.evaluate(X, Y, batch_size=BATCH, verbose=0))
+  if wanted("shuffled_dataset") or wanted("keras_methods"):
+    history = tfdist.fit(make_model, dataset, epochs=EPOCHS, verbose=0)
+    if wanted("shuffled_dataset"):
+      report("shuffled_dataset", history, history.model)
+    if wanted("keras_methods"):
+      keras_methods(history.model)  # Keras's own methods on it.
+  if wanted("fine_tuning"):
+    history = tfdist.fit(make_frozen_base, X, Y, batch_size=BATCH, epochs=EPOCHS,
+                         shuffle=False, verbose=0,
+                         callbacks=[keras.callbacks.EarlyStopping(**STOP)])
+    fine_tune(history, history.model)
 
 
 def keras_methods(model):
@@ -181,4 +192,4 @@ def keras_methods(model):
 
 
 if __name__ == "__main__":
-  plain() if sys.argv[1] == "plain" else distributed()
+  plain() if sys.argv[1] == "plain" else distributed(sys.argv[2:])

@@ -395,7 +395,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
       model.steps_per_execution, model.train_function = min(per_call, steps), None
       run.files[0].delete_checkpoint = end == run.epochs  # The backup is kept between the two.
     with keras_fixes.fixed_for(model, run.strategy, steps, run.clock, run.epoch_steps,
-                               test_steps=fit_kwargs.get("validation_steps")), \
+                               test_steps=fit_kwargs.get("validation_steps"), training=True), \
         data.empty_batches_explained("train_data"), \
         replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext(), \
         keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext(), \

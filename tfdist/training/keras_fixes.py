@@ -166,7 +166,8 @@ def _with_fixes(method):
       steps, test_steps = given.get("steps_per_epoch"), given.get("validation_steps")
     else:
       steps, test_steps = None, given.get("steps")
-    with fixed_for(model, strategy, steps, test_steps=test_steps), \
+    with fixed_for(model, strategy, steps, test_steps=test_steps,
+                   training=method.__name__ == "fit"), \
         own_test_step_losses(model, strategy) if method.__name__ == "evaluate" \
         else _one_batch_distributed(model, strategy, method.__name__):
       return method(model, *args, **kwargs)
@@ -257,20 +258,21 @@ def _mirrors(strategy) -> bool:
 
 @contextlib.contextmanager
 def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
-              epoch_steps: int | None = None, test_steps: int | None = None):
+              epoch_steps: int | None = None, test_steps: int | None = None,
+              training: bool = False):
   """Applies the fixes `strategy` needs around one fit/evaluate/predict of `model`;
   `steps_per_epoch` is the fit's, when it passes one to Keras; `clock` (a
   `monitoring.step_times.StepClock`) times each training step of stamped batches;
   `epoch_steps` is the steps an epoch has, when known (local accumulation needs it: a call
   must never ask for a batch past the end of the data); `test_steps` is an evaluation's
-  (`steps`, `validation_steps`): a call never runs past it."""
+  (`steps`, `validation_steps`): a call never runs past it; `training`: a fit."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
   accumulating = accumulate_outside_cond(optimizer, strategy)
   local = accumulating and epoch_steps and local_accumulation(model, strategy)
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
     steps_per_epoch = steps_per_epoch or epoch_steps
-  ends_when_data_does = not (steps_per_epoch or epoch_steps or test_steps)
+  ends_when_data_does = training and not (steps_per_epoch or epoch_steps)
   if clock is not None or local or (_BROKEN and ends_when_data_does) or (
       model.steps_per_execution > 1 and (
           test_steps or (_BROKEN and (_mirrors(strategy) or steps_per_epoch)))):
