@@ -194,8 +194,9 @@ def test_shard_policy_is_file_for_file_datasets_and_data_otherwise(tmp_path):
 
 
 def test_unsupported_training_data_is_named():
-  with pytest.raises(DataError, match=r"^train_data: must be numpy arrays, a tf.data.Dataset, or "
-                     r"a function of a tf.distribute.InputContext. Received: str$"):
+  with pytest.raises(DataError, match=r"^train_data: must be numpy arrays, a tf.data.Dataset, a "
+                     r"keras.utils.PyDataset, a Python generator or a function of a "
+                     r"tf.distribute.InputContext. Received: str$"):
     tfdist.fit(case.model_fn, "data.csv", config={"strategy": "default"},
                compile=case.compile_args)
 

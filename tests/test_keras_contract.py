@@ -69,7 +69,7 @@ def _assert_same(got, want, case):
 
 ALL_CASES = {"validation_split", "sample_weight", "class_weight", "initial_epoch",
              "validation_steps", "shuffled_dataset", "keras_methods", "guides_train_step",
-             "several_inputs", "fine_tuning"}
+             "several_inputs", "fine_tuning", "py_dataset"}
 def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path):
   """Every case of tests/programs/keras_contract.py on 2 workers equals plain Keras on one
   device. (At ZeRO stage 3 every case was equal too, run by hand 2026-11-29 with the three
@@ -90,6 +90,8 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   assert 32.0 in got["keras_methods"]["train_on_batch"], got["keras_methods"]
   assert len(got["keras_methods"]["predict_on_batch"]) == 32
   assert got["initial_epoch"]["epoch"] == [1, 2]
+  # A PyDataset's hooks as Keras calls them (its on_epoch_end reshuffles: each call counts).
+  assert got["py_dataset"]["hooks"] == want["py_dataset"]["hooks"]
 
 
 def test_tensorflow_multi_worker_tutorial_script_runs_unchanged_on_two_workers(tmp_path):

@@ -144,7 +144,8 @@ def test_the_start_line_is_printed_once_and_the_progress_bar_counts_the_epoch(ru
 def test_a_generator_under_parameter_server_is_refused_in_one_line(runs):
   code, output, _ = runs("parameter_server", "generator")
   assert code == 1  # The launch's: its root cause, the chief, exited 2.
-  assert ("tfdist: train_data: parameter-server workers cannot run a Python generator of "
-          "the chief: pass a tf.data.Dataset built from arrays or files, or a dataset "
-          "function. Received: a generator (TFDIST_TRACEBACK=1 shows the traceback)") in output
+  assert ("tfdist: train_data: parameter-server workers cannot run the chief's Python (a "
+          "generator or a keras.utils.PyDataset): pass a tf.data.Dataset built from arrays or "
+          "files, or a dataset function. Received: a generator (TFDIST_TRACEBACK=1 shows the "
+          "traceback)") in output
   assert "Traceback" not in output and "(exit code 2)" in output

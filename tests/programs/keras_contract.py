@@ -2,7 +2,8 @@
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
 returns, a seeded dataset shuffle, a model of two inputs given as a list, and a model with its
 own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" guide writes
-them, and the transfer-learning guide's two phases (a frozen base trained under
+them, a `keras.utils.PyDataset` (fit shuffling its batches, its
+validation data and an evaluate), and the transfer-learning guide's two phases (a frozen base trained under
 EarlyStopping, then unfrozen, compiled again with a new optimizer and metric made outside any
 scope, and trained by Keras's own fit). `python keras_contract.py plain` trains with plain
 Keras on one device (no tfdist); `python keras_contract.py tfdist [CASE...]` with `tfdist.fit` under
@@ -121,6 +122,47 @@ def shuffled():
   return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(ROWS, seed=9).batch(BATCH)
 
 
+class Batches(keras.utils.PyDataset):
+  """A user's PyDataset as Keras's docs write one: batches by index, read by 2 threads, its own
+  order reshuffled (seeded) at each epoch's end, a sample weight as the third element. A plain
+  run replays the order tfdist documents for fit's shuffle, epoch e's batches in
+  `default_rng([training.seed or 0, e]).permutation(batches)`: the same on every worker."""
+
+  def __init__(self, rows, epoch_orders=False):
+    super().__init__(workers=2)
+    self.rows, self.order = rows, np.arange(len(rows))
+    self.rng, self.epoch_orders, self.epoch = np.random.default_rng(11), epoch_orders, -1
+    self.hooks = []
+
+  def __len__(self):
+    return len(self.rows) // BATCH
+
+  def on_epoch_begin(self):
+    self.epoch += 1
+    self.hooks.append("begin")
+
+  def on_epoch_end(self):
+    self.rng.shuffle(self.order)
+    self.hooks.append("end")
+
+  def __getitem__(self, index):
+    if self.epoch_orders:  # Plain Keras, fed the batches in tfdist's documented order.
+      index = np.random.default_rng([0, max(self.epoch, 0)]).permutation(len(self))[index]
+    rows = self.rows[self.order[index * BATCH:(index + 1) * BATCH]]
+    return X[rows], Y[rows], W[rows]
+
+
+def py_datasets(epoch_orders=False):
+  """A PyDataset to train on (shuffled by fit), one to validate on, one to evaluate."""
+  return (Batches(np.arange(ROWS), epoch_orders), Batches(np.arange(96)),
+          Batches(np.arange(ROWS)[::-1]))
+
+
+def report_py_dataset(history, model, train, validation, evaluated):
+  report("py_dataset", history, model, hooks=[train.hooks, validation.hooks, evaluated.hooks],
+         evaluate=evaluated.result)
+
+
 def report(case, history, model, **more):
   print("RESULT", case, json.dumps({
       "history": history.history, "epoch": history.epoch,
@@ -146,6 +188,11 @@ def plain():
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
   keras_methods(model)
+  model = make_model()
+  train, validation, evaluated = py_datasets(epoch_orders=True)
+  history = model.fit(train, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=validation)
+  evaluated.result = model.evaluate(evaluated, verbose=0)
+  report_py_dataset(history, model, train, validation, evaluated)
   model = make_frozen_base()
   fine_tune(model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                       callbacks=[keras.callbacks.EarlyStopping(**STOP)]), model)
@@ -174,6 +221,11 @@ def distributed(only=()):
       report("shuffled_dataset", history, history.model)
     if wanted("keras_methods"):
       keras_methods(history.model)  # Keras's own methods on it.
+  if wanted("py_dataset"):
+    train, validation, evaluated = py_datasets()
+    history = tfdist.fit(make_model, train, epochs=EPOCHS, verbose=0, validation_data=validation)
+    evaluated.result = tfdist.evaluate(history.model, evaluated)
+    report_py_dataset(history, history.model, train, validation, evaluated)
   if wanted("fine_tuning"):
     history = tfdist.fit(make_frozen_base, X, Y, batch_size=BATCH, epochs=EPOCHS,
                          shuffle=False, verbose=0,

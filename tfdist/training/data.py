@@ -9,6 +9,8 @@
   `strategy.distribute_datasets_from_function`; it shards and batches itself.
 - a Python generator of global batches: read through `tf.data.Dataset.from_generator`, its
   signature taken from the first batch.
+- a `keras.utils.PyDataset` of global batches: read by index (`py_datasets`), shuffled in
+  tfdist's seeded order of its batches.
 
 A dataset batched by another size than the config's global batch is refused, as is numpy input
 whose last batch would leave a replica with no examples (TensorFlow's convolution gradients fail
@@ -28,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist.progress as progress
+from tfdist.training import py_datasets
 from tfdist.errors import TfdistError
 
 _FILE_READERS = {b"TFRecordDataset", b"TFRecordDatasetV2", b"TextLineDataset",
@@ -53,11 +56,12 @@ def is_dataset_fn(data: Any) -> bool:
 
 def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool = False,
                  seed: int | None = None, first_epoch: int = 0, epochs: int | None = None,
-                 name: str = "x", then=None, sample_weight=None):
+                 name: str = "x", then=None, sample_weight=None, method: str = "fit"):
   """Returns what Keras's fit/evaluate/predict should receive for `x` (and `y`).
 
   Args:
-    x: numpy arrays (or a tuple/dict of them), a `tf.data.Dataset`, or a dataset function.
+    x: numpy arrays (or a tuple/dict of them), a `tf.data.Dataset`, a `keras.utils.PyDataset`,
+      a Python generator, or a dataset function.
     y: targets when `x` is numpy.
     sample_weight: weights of the examples of numpy `x`, zipped in as Keras's array adapter
       does (`(x, y, sample_weight)`); a dataset carries its own.
@@ -73,6 +77,8 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     name: the argument's name, for errors.
     then: a last transformation of the (per-worker) `tf.data.Dataset`, before the strategy
       distributes it.
+    method: the Keras method that reads it ("fit", "evaluate" for fit's validation data too,
+      "predict"): a PyDataset's hooks are called as that method calls them.
 
   Raises:
     DataError: the input is of no supported kind, or numpy input has no batch size.
@@ -93,6 +99,13 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     return x
   if is_generator(x):
     x = from_generator(x, name)
+  if py_datasets.is_py_dataset(x):
+    if y is not None:
+      raise DataError(f"{name}: a PyDataset carries its own targets; pass y=None. "
+                      f"Received: y of type {type(y).__name__}")
+    x = py_datasets.dataset(x, method=method, shuffle=shuffle, seed=_DEFAULT_SHUFFLE_SEED if seed is None
+                            else seed, first_epoch=first_epoch, epochs=epochs, name=name)
+    batch_size = None  # Its batches are the global batches, whatever their size.
   if isinstance(x, tf.data.Dataset):
     if y is not None:
       raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
@@ -114,8 +127,9 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
       dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return then(_with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA))
-  raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, or a function of a "
-                  f"tf.distribute.InputContext. Received: {type(x).__name__}")
+  raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, a keras.utils.PyDataset, "
+                  "a Python generator or a function of a tf.distribute.InputContext. "
+                  f"Received: {type(x).__name__}")
 
 
 def counted(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -167,6 +167,7 @@ class _Run:
   read_anew: bool = False  # A reshuffling dataset, read by Keras epoch by epoch.
   served: bool = False  # Read through the tf.data service: a new pass each time it is read.
   shuffled_arrays: bool = False  # Arrays in tfdist's seeded order.
+  shuffled_batches: bool = False  # A PyDataset's batches in tfdist's seeded order.
   train: Any = None
   steps_per_epoch: int | None = None
   epoch_steps: int | None = None
@@ -213,7 +214,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
                   steps_per_epoch: int | None) -> None:
   """The training stream, the steps in an epoch, and where training starts: the caller's
   `initial_epoch`, or a backup's position when it is later."""
-  from tfdist.training import checkpoints, data, report
+  from tfdist.training import checkpoints, data, py_datasets, report
   from tfdist.monitoring import step_times
   config = run.config
   train_data, y = inputs.train_data, inputs.y
@@ -227,11 +228,18 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
       not run.asynchronous:  # Keras's loop, not the parameter-server one's endless reads.
     _require_whole_epochs(steps_per_epoch, data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync))
+  if py_datasets.is_py_dataset(train_data) and not run.asynchronous:
+    _require_py_dataset_batch(run, train_data)
+    if steps_per_epoch:
+      _require_whole_epochs(steps_per_epoch, py_datasets.batch_count(train_data, "train_data"))
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   run.shuffled_arrays = bool(shuffle and data.is_arrays(train_data))
+  run.shuffled_batches = bool(shuffle and py_datasets.is_py_dataset(train_data))
   if shuffle and run.global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync)
+  if py_datasets.is_py_dataset(train_data):  # One stream of its passes, read by steps.
+    steps_per_epoch = steps_per_epoch or py_datasets.batch_count(train_data, "train_data")
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
   timed = not (run.asynchronous or run.hybrid) and bool(config.tensorboard.log_dir)
   run.clock = step_times.StepClock() if timed and not step_times.determinism_enabled() else None
@@ -252,7 +260,8 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
   run.steps_per_epoch = steps_per_epoch
   run.read_anew = run.served or (not endless and data.reshuffles(run.train))
-  if run.epoch_steps and not run.asynchronous and not run.read_anew:
+  if run.epoch_steps and not run.asynchronous and not run.read_anew and \
+      not py_datasets.is_py_dataset(train_data):  # Its stream holds the fit's passes alone.
     # Epochs counted by steps over one endless stream: a finite dataset makes every
     # multi-worker get_next all-reduce "has data" (a collective a step), and re-iterating it
     # each epoch measured 1.75x slower even on one device (6.6k vs 11.7k examples/s).
@@ -300,6 +309,19 @@ def _require_servable(train_data) -> None:
                             "build it from arrays or files, or leave the service out")
 
 
+def _require_py_dataset_batch(run: _Run, py_dataset) -> None:
+  """A PyDataset's batches are the global batches: its first batch's rows are the global batch,
+  refused in one line when the config or batch_size says another."""
+  from tfdist.training import data, py_datasets
+  rows = py_datasets.batch_rows(py_dataset, "train_data")
+  if run.global_batch and run.global_batch != rows:
+    raise data.DataError(f"train_data: a PyDataset's batches are the global batches: "
+                         f"the config's or batch_size's global batch, {run.global_batch}, "
+                         "differs; leave the batch size out of the config. Received: a "
+                         f"PyDataset of batches of {rows}")
+  run.global_batch = rows
+
+
 def _require_whole_epochs(steps_per_epoch: int, batches: int) -> None:
   """Raises ConfigError where Keras's meaning of `steps_per_epoch` over arrays differs from one
   stream of batches: Keras ends an epoch early where the arrays end, then starts them again."""
@@ -323,7 +345,7 @@ def _announce(run: _Run) -> None:
       fused=run.installed.fused, accumulation=run.installed.accumulation,
       sharded=sharded_parameters.describe_sharding(
           run.optimizer, run.model.trainable_variables, [run.model]),
-      shuffled_arrays=run.shuffled_arrays,
+      shuffled_arrays=run.shuffled_arrays, shuffled_batches=run.shuffled_batches,
       data_workers=config.cluster.data_worker if run.served else 0,
       passes=config.data_service.passes))
   if run.resumed:
@@ -599,10 +621,11 @@ def evaluate(model, x=None, y=None, *, config: ConfigLike = None, batch_size: in
   if _is_parameter_server(strategy):
     from tfdist.training import parameter_server
     return parameter_server.evaluate(model, data.make_dataset(x, y, strategy=None,
-                                                              batch_size=batch_size),
+                                                              batch_size=batch_size,
+                                                              method="evaluate"),
                                      **evaluate_kwargs)
   dataset = data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
-                              sample_weight=sample_weight)
+                              sample_weight=sample_weight, method="evaluate")
   with keras_fixes.fixed_for(model, strategy, test_steps=evaluate_kwargs.get("steps")), \
       keras_fixes.own_test_step_losses(model, strategy), _calls_within(model, dataset):
     return model.evaluate(dataset, **evaluate_kwargs)
@@ -678,7 +701,8 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
   if _is_parameter_server(strategy):
     from tfdist.training import parameter_server
     return parameter_server.predict(model, data.make_dataset(x, strategy=None,
-                                                             batch_size=batch_size),
+                                                             batch_size=batch_size,
+                                                             method="predict"),
                                     **predict_kwargs)
   keras_arguments = {k: v for k, v in predict_kwargs.items()
                      if not (k == "verbose" and v in (0, "auto"))}
@@ -691,7 +715,7 @@ def predict(model, x=None, *, config: ConfigLike = None, batch_size: int | None 
     raise ConfigError("needs numpy arrays or a tf.data.Dataset, and no Keras predict "
                       f"arguments ({', '.join(keras_arguments) or 'none given'})",
                       key="out" if out is not None else "stream", received=type(x).__name__)
-  dataset = data.make_dataset(x, strategy=strategy, batch_size=batch_size)
+  dataset = data.make_dataset(x, strategy=strategy, batch_size=batch_size, method="predict")
   with keras_fixes.fixed_for(model, strategy):
     return model.predict(dataset, **predict_kwargs)
 
@@ -741,9 +765,10 @@ def _validation(validation_data, strategy, batch_size):
   if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
     x, y, *weights = validation_data
     return data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
-                             name="validation_data", sample_weight=(weights or [None])[0])
+                             name="validation_data", sample_weight=(weights or [None])[0],
+                             method="evaluate")
   return data.make_dataset(validation_data, strategy=strategy, batch_size=batch_size,
-                           name="validation_data")
+                           name="validation_data", method="evaluate")
 
 
 def _ps_kwargs(fit_kwargs: Mapping[str, Any], config: Config) -> dict:

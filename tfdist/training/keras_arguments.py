@@ -54,7 +54,8 @@ _PS_KERAS_LOOP = ("the parameter-server loop is tfdist's own coordinator loop, n
 
 FIT: dict[str, Argument] = {
     "x": Argument(TFDIST, "`train_data`: arrays, a dataset of global batches, a dataset "
-                  "function or a generator, made into the strategy's dataset"),
+                  "function, a generator or a `keras.utils.PyDataset` of global batches (its "
+                  "hooks called as Keras calls them), made into the strategy's dataset"),
     "y": Argument(TFDIST, "the targets of array `x`"),
     "batch_size": Argument(TFDIST, "the global batch (every replica takes its share)"),
     "epochs": Argument(TFDIST, "the epoch to end before; default training.epochs"),
@@ -65,8 +66,9 @@ FIT: dict[str, Argument] = {
                                  "`sample_weight` cut off before shuffling, as Keras does; "
                                  "ignored when `validation_data` is given, as by Keras"),
     "validation_data": Argument(TFDIST, "arrays or a dataset, evaluated at each epoch's end"),
-    "shuffle": Argument(TFDIST, "array `x` shuffled each epoch by (training.seed, epoch), "
-                        "the same order on every worker; a dataset is kept as it comes"),
+    "shuffle": Argument(TFDIST, "array `x`, or a PyDataset's batches, shuffled each epoch by "
+                        "(training.seed, epoch), the same order on every worker; a dataset is "
+                        "kept as it comes"),
     "class_weight": Argument(KERAS, "each example's loss weighed by its class",
                              refused={PARAMETER_SERVER: _PS_KERAS_LOOP}),
     "sample_weight": Argument(TFDIST, "zipped with array `x` and `y` (a dataset carries its "

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import tfdist.progress as progress
 from tfdist.errors import ConfigError, UnsupportedError
-from tfdist.training import data, keras_fixes
+from tfdist.training import data, keras_fixes, py_datasets
 
 
 def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
@@ -53,10 +53,11 @@ def fit(model, strategy, train_data, y, *, batch_size: int | None, epochs: int,
   if not steps_per_epoch:
     raise ConfigError("must be set under parameter_server: workers read endlessly repeated "
                       "data, so an epoch is a number of steps", key="training.steps_per_epoch", source=source)
-  if data.is_generator(train_data):
-    raise data.DataError("train_data: parameter-server workers cannot run a Python generator "
-                         "of the chief: pass a tf.data.Dataset built from arrays or files, or a "
-                         "dataset function. Received: a generator")
+  if data.is_generator(train_data) or py_datasets.is_py_dataset(train_data):
+    raise data.DataError("train_data: parameter-server workers cannot run the chief's Python "
+                         "(a generator or a keras.utils.PyDataset): pass a tf.data.Dataset "
+                         "built from arrays or files, or a dataset function. Received: "
+                         f"{'a generator' if data.is_generator(train_data) else 'a PyDataset'}")
   coordinator = coordinator_recording_progress(strategy)
   with strategy.scope():
     model._symbolic_build(data_batch=_one_batch(train_data, y, batch_size))

@@ -21,7 +21,8 @@ from tfdist.machine import precision as precision_lib
 def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                  precision: "precision_lib.Precision", steps_per_execution: int,
                  fused: str | None, accumulation: int, sharded: str | None = None,
-                 shuffled_arrays: bool = False, data_workers: int = 0,
+                 shuffled_arrays: bool = False, shuffled_batches: bool = False,
+                 data_workers: int = 0,
                  passes: str = "shared") -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
   that plain Keras would not, with the config key that turns it off, and what `auto`
@@ -52,6 +53,9 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
   if shuffled_arrays:
     unlike.append("arrays shuffled by (training.seed, epoch): one order on every worker and "
                   "replica count, not Keras's (shuffle=False: the arrays' own order)")
+  if shuffled_batches:
+    unlike.append("the PyDataset's batches shuffled by (training.seed, epoch): one order on "
+                  "every worker, not Python's random (shuffle=False: its own order)")
   if data_workers:
     unlike.append(f"the dataset's pipeline run by {data_workers} tf.data service data "
                   f"worker{'s' * (data_workers != 1)}, each epoch "

@@ -213,22 +213,27 @@ class Parameters:
     """Weight `index` alone, gathered from the replicas whose shards hold a part of it: each
     replica's part padded to the longest, so a read moves N times the weight, not the whole
     model (Keras's `get_weights` and a checkpoint read weight by weight)."""
+    spans = self._spans(index)
+    longest = min(self.sizes[index], self.size)  # No replica holds more of it than a shard.
+    local = []
+    for device in sorted(self.components, key=self.replica_of.__getitem__):
+      at, _, held = spans[self.replica_of[device]]
+      part = self.components[device][at:at + held] if held else tf.zeros([0], self.dtype)
+      local.append(tf.pad(part, [[0, longest - held]]))
+    gathered = tf.reshape(self._end_to_end(local), [self.replicas, longest])
+    whole = tf.concat([gathered[r, :held] for r, (_, _, held) in enumerate(spans) if held], 0)
+    return tf.reshape(whole, self.shapes[index])
+
+  def _spans(self, index: int) -> list[tuple[int, int, int]]:
+    """Each replica's part of weight `index`, in replica order: (where it starts in the
+    replica's shard, where it starts in the weight, its length: 0 where it holds none)."""
     begin = sum(self.sizes[:index])
     end = begin + self.sizes[index]
-    parts = {}
-    for device, component in self.components.items():
-      at = self.replica_of[device] * self.size
-      lo, hi = max(begin, at), min(end, at + self.size)
-      parts[device] = component[lo - at:hi - at] if lo < hi else \
-          tf.zeros([0], self.dtype)
-    longest = min(self.sizes[index], self.size)  # No replica holds more of it than a shard.
-    local = [tf.pad(parts[d], [[0, longest - int(parts[d].shape[0])]])
-             for d in sorted(self.components, key=self.replica_of.__getitem__)]
-    gathered = tf.reshape(self._end_to_end(local), [self.replicas, longest])
-    held = [max(0, min(end, (r + 1) * self.size) - max(begin, r * self.size))
-            for r in range(self.replicas)]
-    whole = tf.concat([gathered[r, :n] for r, n in enumerate(held) if n], 0)
-    return tf.reshape(whole, self.shapes[index])
+    spans = []
+    for r in range(self.replicas):
+      lo, hi = max(begin, r * self.size), min(end, (r + 1) * self.size)
+      spans.append((lo - r * self.size, lo - begin, max(0, hi - lo)))
+    return spans
 
   def _gathered_shards(self) -> tf.Tensor:
     """Every replica's shard end to end, gathered across the replicas (under
@@ -264,13 +269,11 @@ class Parameters:
   def write(self, index: int, value) -> None:
     """Weight `index` set to `value` (whole): each replica's part written into its shard."""
     flat = tf.reshape(tf.cast(value, self.dtype), [-1])
-    begin = sum(self.sizes[:index])
-    end = begin + self.sizes[index]
+    spans = self._spans(index)
     for device, component in self.components.items():
-      at = self.replica_of[device] * self.size
-      lo, hi = max(begin, at), min(end, at + self.size)
-      if lo < hi:
-        component[lo - at:hi - at].assign(flat[lo - begin:hi - begin])
+      at, start, held = spans[self.replica_of[device]]
+      if held:
+        component[at:at + held].assign(flat[start:start + held])
     self.forget()
 
   def release(self) -> None:
