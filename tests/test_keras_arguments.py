@@ -319,3 +319,44 @@ def test_save_and_load_as_tensorflows_tutorial_does_across_strategies(tmp_path):
   resumed = tfdist.fit(lambda: keras.models.load_model(path), X, Y, config=config("mirrored"),
                        epochs=2, shuffle=False, verbose=0)
   _assert_same(resumed, resumed.model, want, plain)
+
+
+def _sparse_model():
+  init = keras.initializers.GlorotUniform(seed=3)
+  model = keras.Sequential([keras.Input((8,), sparse=True),
+                            keras.layers.Dense(16, "relu", kernel_initializer=init),
+                            keras.layers.Dense(2, kernel_initializer=init)])
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  return model
+
+
+XS = np.where(np.abs(X) > 1.0, X, 0.0).astype("float32")  # About a third of it set.
+
+
+def _sparse_batches():
+  return tf.data.Dataset.from_tensor_slices((tf.sparse.from_dense(XS), Y)).batch(BATCH)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_dataset_of_sparse_batches_trains_as_plain_keras(strategy):
+  """Keras's sparse input (a `tf.SparseTensor` batch, a Dense layer's sparse matmul). The
+  step loop's guard of a call's first step once failed on it ("Can not convert a
+  SparseTensor")."""
+  plain = _sparse_model()
+  want = plain.fit(_sparse_batches(), epochs=EPOCHS, verbose=0)
+  history = tfdist.fit(_sparse_model, _sparse_batches(), config=config(strategy),
+                       epochs=EPOCHS, verbose=0)
+  _assert_same(history, history.model, want, plain)
+
+
+@pytest.mark.parametrize("sparse", [lambda: tf.sparse.from_dense(XS),
+                                    lambda: __import__("scipy.sparse").sparse.csr_matrix(XS)],
+                         ids=["SparseTensor", "csr_matrix"])
+def test_sparse_arrays_are_refused_in_one_line_naming_the_dataset_that_works(sparse):
+  x = sparse()
+  with pytest.raises(ValueError, match=r"^train_data: sparse arrays are not batched by tfdist: "
+                     r"pass a tf.data.Dataset of their batches .* Received: "
+                     f"{type(x).__name__}$"):
+    tfdist.fit(_sparse_model, x, Y, config=config("mirrored"), epochs=1, verbose=0)

@@ -127,6 +127,11 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
       dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return then(_with_policy(dataset, tf.data.experimental.AutoShardPolicy.DATA))
+  sparse = [v for v in tf.nest.flatten(x) if _is_sparse(v)]
+  if sparse:
+    raise DataError(f"{name}: sparse arrays are not batched by tfdist: pass a tf.data.Dataset "
+                    "of their batches (from_tensor_slices(...).batch(global batch)), which "
+                    f"every strategy splits. Received: {type(sparse[0]).__name__}")
   raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, a keras.utils.PyDataset, "
                   "a Python generator or a function of a tf.distribute.InputContext. "
                   f"Received: {type(x).__name__}")
@@ -365,8 +370,12 @@ def _replicas(strategy) -> int:
 
 def is_arrays(x) -> bool:
   leaves = tf.nest.flatten(x)
-  return bool(leaves) and all(isinstance(v, (np.ndarray, list)) or tf.is_tensor(v)
-                              for v in leaves)
+  return bool(leaves) and all((isinstance(v, (np.ndarray, list)) or tf.is_tensor(v)) and
+                              not _is_sparse(v) for v in leaves)
+
+
+def _is_sparse(v) -> bool:
+  return isinstance(v, tf.SparseTensor) or type(v).__module__.startswith("scipy.sparse")
 
 
 def with_shard_policy(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -562,7 +562,7 @@ def _make_function_looping_in_graph(self, step_function, steps_per_epoch=None, c
 
     def absent():
       ended = strategy.experimental_local_results(iterator.get_next())  # Raises OutOfRange.
-      with tf.control_dependencies(tf.nest.flatten(ended)):
+      with tf.control_dependencies(tf.nest.flatten(ended, expand_composites=True)):
         return tf.nest.map_structure(
             lambda t: tf.zeros([d or 0 for d in t.shape], t.dtype), made["outputs"])
     return tf.cond(data.has_value(), present, absent)
