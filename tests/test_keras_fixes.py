@@ -119,6 +119,17 @@ def test_keras_20582_mirrored_gradient_accumulation_fails_without_the_fix():
     pytest.fail("keras#20582 looks fixed: drop the gradient accumulation fix")
 
 
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_mirrored_ema_overwrite_fails_without_the_fix():
+  """No upstream issue found (the same sync point in a cond as keras#20582): when this fails,
+  drop `keras_fixes.overwrite_ema_outside_cond`."""
+  model = _mirrored_model(use_ema=True, ema_overwrite_frequency=2)
+  x = tf.ones((64, 4))
+  with pytest.raises(RuntimeError, match="synchronization point"), without_fixes():
+    model.fit(x, x[:, :2], batch_size=8, verbose=0)
+    pytest.fail("Keras's EMA overwrite works under mirrored: drop overwrite_ema_outside_cond")
+
+
 def _string_model():
   inputs = keras.Input((), dtype="string")
   lookup = keras.layers.StringLookup(vocabulary=["good", "bad"])(inputs)

@@ -3,7 +3,7 @@ their own beside Keras's stateful AUC, Keras's own evaluate and predict on the m
 returns, a seeded dataset shuffle, a model of two inputs given as a list, and a model with its
 own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" guide writes
 them, a `keras.utils.PyDataset` (fit shuffling its batches, its
-validation data and an evaluate), and the transfer-learning guide's two phases (a frozen base trained under
+validation data and an evaluate; the model's optimizer clipping and averaging its weights), and the transfer-learning guide's two phases (a frozen base trained under
 EarlyStopping, then unfrozen, compiled again with a new optimizer and metric made outside any
 scope, and trained by Keras's own fit). `python keras_contract.py plain` trains with plain
 Keras on one device (no tfdist); `python keras_contract.py tfdist [CASE...]` with `tfdist.fit` under
@@ -56,7 +56,7 @@ def report_two_inputs(history, model):
          predict_on_batch=model.predict_on_batch([t[:BATCH] for t in TWO]).tolist())
 
 
-def make_model(own_step=False):
+def make_model(own_step=False, optimizer=None):
   init = keras.initializers.GlorotUniform(seed=3)
   layers = [keras.layers.Dense(16, "relu", kernel_initializer=init),
             keras.layers.Dense(1, kernel_initializer=init)]
@@ -65,7 +65,7 @@ def make_model(own_step=False):
     model = GuidesOwnStep(inputs, layers[1](layers[0](inputs)))
   else:
     model = keras.Sequential([keras.Input((8,)), *layers])
-  model.compile(optimizer=keras.optimizers.SGD(0.05),
+  model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True),
                 metrics=[keras.metrics.BinaryAccuracy(threshold=0.0), RowsSeen(), MeanMargin(),
                          keras.metrics.AUC(from_logits=True, name="auc")])
@@ -152,6 +152,13 @@ class Batches(keras.utils.PyDataset):
     return X[rows], Y[rows], W[rows]
 
 
+def clipped_averaged():
+  """The py_dataset case's model: an optimizer clipping by norm, its weights overwritten by
+  their moving averages every 3 steps (Keras's optimizer arguments)."""
+  return make_model(optimizer=keras.optimizers.Adam(0.01, clipnorm=0.05, use_ema=True,
+                                                    ema_overwrite_frequency=3))
+
+
 def py_datasets(epoch_orders=False):
   """A PyDataset to train on (shuffled by fit), one to validate on, one to evaluate."""
   return (Batches(np.arange(ROWS), epoch_orders), Batches(np.arange(96)),
@@ -188,7 +195,7 @@ def plain():
   model = make_model()
   report("shuffled_dataset", model.fit(dataset, epochs=EPOCHS, verbose=0), model)
   keras_methods(model)
-  model = make_model()
+  model = clipped_averaged()
   train, validation, evaluated = py_datasets(epoch_orders=True)
   history = model.fit(train, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=validation)
   evaluated.result = model.evaluate(evaluated, verbose=0)
@@ -223,7 +230,8 @@ def distributed(only=()):
       keras_methods(history.model)  # Keras's own methods on it.
   if wanted("py_dataset"):
     train, validation, evaluated = py_datasets()
-    history = tfdist.fit(make_model, train, epochs=EPOCHS, verbose=0, validation_data=validation)
+    history = tfdist.fit(clipped_averaged, train, epochs=EPOCHS, verbose=0,
+                         validation_data=validation)
     evaluated.result = tfdist.evaluate(history.model, evaluated)
     report_py_dataset(history, history.model, train, validation, evaluated)
   if wanted("fine_tuning"):

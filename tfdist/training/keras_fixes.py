@@ -23,6 +23,7 @@ from tensorflow.python.distribute import values as tf_values
 from keras.src.backend.tensorflow import trainer as tf_trainer
 from keras.src.trainers import trainer
 
+from tfdist.strategy import gradient_reduction
 from tfdist.training import accumulation
 
 
@@ -268,6 +269,9 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
   (`steps`, `validation_steps`): a call never runs past it; `training`: a fit."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
   accumulating = accumulate_outside_cond(optimizer, strategy)
+  refuse_ema_on_central_storage(optimizer, strategy)
+  clip_the_sum(optimizer, strategy)
+  overwrite_ema_outside_cond(optimizer, strategy)
   local = accumulating and epoch_steps and local_accumulation(model, strategy)
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
@@ -385,6 +389,99 @@ def accumulate_outside_cond(optimizer, strategy) -> bool:
     optimizer._backend_apply_gradients = types.MethodType(_accumulate_with_syncs_outside_cond,
                                                           optimizer)
   return bool(accumulating)
+
+
+def clip_the_sum(optimizer, strategy) -> bool:
+  """Makes `optimizer` clip the gradients summed over the replicas, as one device clips its
+  gradient; returns whether it now does.
+
+  tensorflow/tensorflow#33929: under a replicated strategy Keras clips each replica's gradient
+  (of its share of the batch) before the all-reduce, so on 2 replicas `clipvalue=v` lets the
+  summed gradient reach 2v and `clipnorm`/`global_clipnorm` bound each half apart (SGD with
+  clipvalue: 0.096 from one device in 16 steps). Here the gradients are summed first, clipped,
+  then updated without a second sum. Not under gradient accumulation (its update sums first
+  already) nor a sharded optimizer (a shard's clip needs the whole gradient's norm: Keras's
+  per-replica clip is kept there); tests/test_sharded_optimizer.py's xfail pins the upstream
+  behaviour.
+  """
+  if getattr(optimizer, "_tfdist_clips_the_sum", False) or not _replicated(strategy) or \
+      strategy.num_replicas_in_sync < 2 or getattr(optimizer, "tfdist_shards", None) or \
+      getattr(optimizer, "gradient_accumulation_steps", None) or not any(
+          getattr(optimizer, key, None) for key in ("clipnorm", "clipvalue", "global_clipnorm")):
+    return False
+  keras_apply, keras_clip = optimizer._backend_apply_gradients, optimizer._clip_gradients
+  summed = threading.local()  # Per replica: mirrored traces its replicas in threads at once.
+
+  def done(self, grads):
+    return grads if getattr(summed, "yes", False) else keras_clip(grads)
+  gradient_reduction.wrap(optimizer, lambda reduce, pairs: pairs if getattr(summed, "yes", False)
+                          else reduce(pairs))
+
+  def apply(self, grads, trainable_variables):
+    if tf.distribute.in_cross_replica_context():
+      return keras_apply(grads, trainable_variables)
+    pairs = list(zip(grads, [v.value for v in trainable_variables]))
+    clipped = keras_clip([g for g, _ in self._all_reduce_sum_gradients(pairs)])
+    summed.yes = True
+    try:  # Keras's update of the clipped sum: its clip and its sum done above.
+      return keras_apply(clipped, trainable_variables)
+    finally:
+      summed.yes = False
+  optimizer._clip_gradients = types.MethodType(done, optimizer)
+  optimizer._backend_apply_gradients = types.MethodType(apply, optimizer)
+  optimizer._tfdist_clips_the_sum = True
+  return True
+
+
+def refuse_ema_on_central_storage(optimizer, strategy) -> None:
+  """Raises UnsupportedError for `use_ema` under central_storage: Keras updates the moving
+  averages in each replica, which central storage's variables refuse (Keras's own
+  CentralStorageStrategy fails alike: "You must specify an aggregation method")."""
+  if getattr(optimizer, "use_ema", False) and _central_storage(strategy):
+    from tfdist.errors import UnsupportedError
+    raise UnsupportedError("use_ema: Keras updates an optimizer's moving averages in each "
+                           "replica, which central_storage's variables refuse (Keras's own "
+                           "CentralStorageStrategy fails alike): use mirrored. Received: "
+                           "use_ema=True under central_storage")
+
+
+def overwrite_ema_outside_cond(optimizer, strategy) -> bool:
+  """Makes `optimizer`'s moving-average overwrite (`use_ema` with `ema_overwrite_frequency`)
+  work under a replicated `strategy`; returns whether it now does.
+
+  Keras overwrites the weights with their averages in a cond whose branch updates mirrored
+  variables (a sync point), which tf.distribute refuses: Keras's own MirroredStrategy fails
+  ("a synchronization point in the body"), as its gradient accumulation did (keras#20582).
+  Here Keras's cond holds nothing and every step writes, outside it, the average where Keras
+  would overwrite and the weight itself elsewhere. Not under gradient accumulation (tfdist's
+  update for it keeps no average).
+  """
+  if getattr(optimizer, "_tfdist_overwrites_ema", False) or not _replicated(strategy) or \
+      not (getattr(optimizer, "use_ema", False) and optimizer.ema_overwrite_frequency) or \
+      getattr(optimizer, "gradient_accumulation_steps", None):
+    return False
+  keras_apply = optimizer._backend_apply_gradients
+  keras_overwrite = optimizer._overwrite_model_variables_with_average_value
+  applying = threading.local()  # Per replica thread, as mirrored traces them.
+
+  def overwrite(self, trainable_variables):  # Keras's cond's branch, or its fit's end.
+    return None if getattr(applying, "yes", False) else keras_overwrite(trainable_variables)
+
+  def apply(self, grads, trainable_variables):
+    applying.yes = True
+    try:
+      keras_apply(grads, trainable_variables)
+    finally:
+      applying.yes = False
+    due = tf.equal((self.iterations + 1) % self.ema_overwrite_frequency, 0)
+    for variable, average in zip(trainable_variables, self._model_variables_moving_average):
+      self._distribution_strategy.extended.update(
+          variable.value, lambda v, a: v.assign(tf.where(due, a, v)), args=(average,))
+  optimizer._overwrite_model_variables_with_average_value = types.MethodType(overwrite,
+                                                                             optimizer)
+  optimizer._backend_apply_gradients = types.MethodType(apply, optimizer)
+  optimizer._tfdist_overwrites_ema = True
+  return True
 
 
 def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
