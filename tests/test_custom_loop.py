@@ -228,7 +228,8 @@ def test_prepare_says_what_it_takes():
 
 def test_what_a_port_gets_wrong_is_named_in_one_line():
   """A Sequential without Input, a model built outside the loop's scope, a name the step did
-  not return: each one line saying what to do (not a raw TensorFlow error)."""
+  not return, arrays where a dataset goes: each one line saying what to do (not a raw
+  TensorFlow error)."""
   import keras
   import tensorflow as tf
   import tfdist
@@ -252,6 +253,9 @@ def test_what_a_port_gets_wrong_is_named_in_one_line():
   with pytest.raises(KeyError, match=r"'loss': the step returned \['output'\]; return "
                      r"\{'loss': value\} from the step"):
     logs["loss"]
+  with pytest.raises(ValueError, match=r"^dataset: TrainingLoop.run reads a tf.data.Dataset of "
+                     r"global batches .* Received: ndarray$"):  # Arrays, as a fit takes them.
+    next(loop.run(lambda x: tf.reduce_mean(model(x)), np.ones((64, 4), "float32")))
 
 
 def test_fit_refuses_a_model_built_before_model_fn_in_one_line():

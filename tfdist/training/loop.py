@@ -264,9 +264,15 @@ class TrainingLoop:
       is a mean over steps, as in TensorFlow's custom-training tutorials.
 
     Raises:
+      DataError: `dataset` is not a `tf.data.Dataset`.
       ConfigError: the dataset is batched by another size than `global_batch_size`; or, under
         parameter_server, neither `steps` nor the dataset's length is known.
     """
+    if not isinstance(dataset, tf.data.Dataset):
+      raise data.DataError("dataset: TrainingLoop.run reads a tf.data.Dataset of global "
+                           "batches (arrays: tf.data.Dataset.from_tensor_slices(...).batch("
+                           "loop.global_batch_size); a keras.utils.PyDataset: tfdist.fit). "
+                           f"Received: {type(dataset).__name__}")
     data.require_batched(dataset, "dataset")
     data.require_batched_by(dataset, self.global_batch_size, "dataset")
     if self.global_batch_size is None:  # The config gives none: the dataset's own batch.
