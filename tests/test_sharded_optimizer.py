@@ -125,7 +125,8 @@ _CASES = {"accumulation": ({"gradient_accumulation_steps": 2}, None),
     if (stage, case) != (3, "accumulation")])
 def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(stage, case):
   # Keras clips each replica's gradients before they are summed (tensorflow/tensorflow#33929):
-  # under clipping the reference is plain Keras's own MirroredStrategy, which tfdist keeps.
+  # stage 1 clips the sum, as one device (`keras_fixes.clip_the_sum`); stages 2-3 shard the
+  # sum, so the reference there is plain Keras's own MirroredStrategy, which they keep.
   # Under float16 each replica's half batch is computed and rounded apart from the whole. Adam
   # moves a weight whose gradient is near zero by up to its learning rate on such a rounding
   # (7.0e-3 on an AVX2 CPU, 1.3e-3 with oneDNN), and it cannot tell a gradient left scaled by
@@ -133,7 +134,8 @@ def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(
   training, clip = _CASES[case]
   half = training.get("mixed_precision") == "float16"
   optimizer = "sgd_momentum" if half else "adam"
-  want = _clipped_mirrored(clip) if clip else _plain(optimizer, **training).get_weights()
+  want = _clipped_mirrored(clip) if clip and stage >= 2 else \
+      _plain(optimizer, clip, **training).get_weights()
   sharded = _fit(optimizer, True, clip, shard_gradients=stage >= 2,
                  shard_parameters=stage == 3, **training)
   _assert_same(sharded.get_weights(), want, atol=5e-3 if half else 1e-5)

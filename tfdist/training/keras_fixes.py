@@ -400,12 +400,13 @@ def clip_the_sum(optimizer, strategy) -> bool:
   summed gradient reach 2v and `clipnorm`/`global_clipnorm` bound each half apart (SGD with
   clipvalue: 0.096 from one device in 16 steps). Here the gradients are summed first, clipped,
   then updated without a second sum. Not under gradient accumulation (its update sums first
-  already) nor a sharded optimizer (a shard's clip needs the whole gradient's norm: Keras's
-  per-replica clip is kept there); tests/test_sharded_optimizer.py's xfail pins the upstream
-  behaviour.
+  already) nor sharded gradients (stages 2-3: a shard's clip needs the whole gradient's norm;
+  Keras's per-replica clip is kept there); tests/test_sharded_optimizer.py's xfail pins the
+  upstream behaviour.
   """
   if getattr(optimizer, "_tfdist_clips_the_sum", False) or not _replicated(strategy) or \
-      strategy.num_replicas_in_sync < 2 or getattr(optimizer, "tfdist_shards", None) or \
+      strategy.num_replicas_in_sync < 2 or \
+      getattr(getattr(optimizer, "tfdist_shards", None), "scatter", False) or \
       getattr(optimizer, "gradient_accumulation_steps", None) or not any(
           getattr(optimizer, key, None) for key in ("clipnorm", "clipvalue", "global_clipnorm")):
     return False
