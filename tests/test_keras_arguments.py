@@ -32,9 +32,10 @@ STRATEGIES = {
 }
 
 
-def make_model():
+def make_model(sparse=False):
   init = keras.initializers.GlorotUniform(seed=3)
-  model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, "relu", kernel_initializer=init),
+  model = keras.Sequential([keras.Input((8,), sparse=sparse),
+                            keras.layers.Dense(16, "relu", kernel_initializer=init),
                             keras.layers.Dense(2, kernel_initializer=init)])
   model.compile(optimizer=keras.optimizers.SGD(0.05),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -322,14 +323,7 @@ def test_save_and_load_as_tensorflows_tutorial_does_across_strategies(tmp_path):
 
 
 def _sparse_model():
-  init = keras.initializers.GlorotUniform(seed=3)
-  model = keras.Sequential([keras.Input((8,), sparse=True),
-                            keras.layers.Dense(16, "relu", kernel_initializer=init),
-                            keras.layers.Dense(2, kernel_initializer=init)])
-  model.compile(optimizer=keras.optimizers.SGD(0.05),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=["accuracy"])
-  return model
+  return make_model(sparse=True)
 
 
 XS = np.where(np.abs(X) > 1.0, X, 0.0).astype("float32")  # About a third of it set.
