@@ -100,16 +100,13 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
   if is_generator(x):
     x = from_generator(x, name)
   if py_datasets.is_py_dataset(x):
-    if y is not None:
-      raise DataError(f"{name}: a PyDataset carries its own targets; pass y=None. "
-                      f"Received: y of type {type(y).__name__}")
-    x = py_datasets.dataset(x, method=method, shuffle=shuffle, seed=_DEFAULT_SHUFFLE_SEED if seed is None
-                            else seed, first_epoch=first_epoch, epochs=epochs, name=name)
+    _require_no_targets(y, "a PyDataset", name)
+    x = py_datasets.dataset(
+        x, method=method, shuffle=shuffle, seed=_DEFAULT_SHUFFLE_SEED if seed is None else seed,
+        first_epoch=first_epoch, epochs=epochs, name=name)
     batch_size = None  # Its batches are the global batches, whatever their size.
   if isinstance(x, tf.data.Dataset):
-    if y is not None:
-      raise DataError(f"{name}: a tf.data.Dataset carries its own targets; pass y=None. "
-                      f"Received: y of type {type(y).__name__}")
+    _require_no_targets(y, "a tf.data.Dataset", name)
     require_batched(x, name)
     require_batched_by(x, batch_size, name)
     return then(_refusing_empty_replica_batches(with_shard_policy(x), _replicas(strategy), name))
@@ -135,6 +132,12 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
   raise DataError(f"{name}: must be numpy arrays, a tf.data.Dataset, a keras.utils.PyDataset, "
                   "a Python generator or a function of a tf.distribute.InputContext. "
                   f"Received: {type(x).__name__}")
+
+
+def _require_no_targets(y, kind: str, name: str) -> None:
+  if y is not None:
+    raise DataError(f"{name}: {kind} carries its own targets; pass y=None. "
+                    f"Received: y of type {type(y).__name__}")
 
 
 def counted(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -228,17 +228,18 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
       not run.asynchronous:  # Keras's loop, not the parameter-server one's endless reads.
     _require_whole_epochs(steps_per_epoch, data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync))
-  if py_datasets.is_py_dataset(train_data) and not run.asynchronous:
+  py_dataset = py_datasets.is_py_dataset(train_data)
+  if py_dataset and not run.asynchronous:
     _require_py_dataset_batch(run, train_data)
     if steps_per_epoch:
       _require_whole_epochs(steps_per_epoch, py_datasets.batch_count(train_data, "train_data"))
   endless = steps_per_epoch is not None  # Epochs of the caller's length, not the data's.
   run.shuffled_arrays = bool(shuffle and data.is_arrays(train_data))
-  run.shuffled_batches = bool(shuffle and py_datasets.is_py_dataset(train_data))
+  run.shuffled_batches = bool(shuffle and py_dataset)
   if shuffle and run.global_batch and data.is_arrays(train_data):
     steps_per_epoch = steps_per_epoch or data.batch_count(
         train_data, run.global_batch, run.strategy.num_replicas_in_sync)
-  if py_datasets.is_py_dataset(train_data):  # One stream of its passes, read by steps.
+  if py_dataset:  # One stream of its passes, read by steps.
     steps_per_epoch = steps_per_epoch or py_datasets.batch_count(train_data, "train_data")
   data.require_steps_for_generator(train_data, steps_per_epoch, "train_data")
   timed = not (run.asynchronous or run.hybrid) and bool(config.tensorboard.log_dir)
@@ -261,7 +262,7 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
   run.steps_per_epoch = steps_per_epoch
   run.read_anew = run.served or (not endless and data.reshuffles(run.train))
   if run.epoch_steps and not run.asynchronous and not run.read_anew and \
-      not py_datasets.is_py_dataset(train_data):  # Its stream holds the fit's passes alone.
+      not py_dataset:  # A PyDataset's stream holds the fit's passes alone.
     # Epochs counted by steps over one endless stream: a finite dataset makes every
     # multi-worker get_next all-reduce "has data" (a collective a step), and re-iterating it
     # each epoch measured 1.75x slower even on one device (6.6k vs 11.7k examples/s).

@@ -269,9 +269,7 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
   (`steps`, `validation_steps`): a call never runs past it; `training`: a fit."""
   optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # Under loss scaling.
   accumulating = accumulate_outside_cond(optimizer, strategy)
-  refuse_ema_on_central_storage(optimizer, strategy)
-  clip_the_sum(optimizer, strategy)
-  overwrite_ema_outside_cond(optimizer, strategy)
+  fix_optimizer_arguments(optimizer, strategy)
   local = accumulating and epoch_steps and local_accumulation(model, strategy)
   if local:  # All-reduce once per update; tfdist's step loop lays the steps out.
     accumulation.install(optimizer, strategy, _accumulate_with_syncs_outside_cond)
@@ -391,6 +389,16 @@ def accumulate_outside_cond(optimizer, strategy) -> bool:
   return bool(accumulating)
 
 
+def fix_optimizer_arguments(optimizer, strategy) -> None:
+  """Gives `optimizer`'s Keras arguments one device's meaning under `strategy` (after its
+  gradient accumulation and sharding are installed): `use_ema` refused on central_storage,
+  the summed gradients clipped, the EMA overwrite outside a cond. Idempotent: `tfdist.fit`,
+  `TrainingLoop` and each Keras call on the model apply it."""
+  refuse_ema_on_central_storage(optimizer, strategy)
+  clip_the_sum(optimizer, strategy)
+  overwrite_ema_outside_cond(optimizer, strategy)
+
+
 def clip_the_sum(optimizer, strategy) -> bool:
   """Makes `optimizer` clip the gradients summed over the replicas, as one device clips its
   gradient; returns whether it now does.
@@ -413,7 +421,7 @@ def clip_the_sum(optimizer, strategy) -> bool:
   keras_apply, keras_clip = optimizer._backend_apply_gradients, optimizer._clip_gradients
   summed = threading.local()  # Per replica: mirrored traces its replicas in threads at once.
 
-  def done(self, grads):
+  def clip(self, grads):  # Keras's clip, skipped for the sum clipped below.
     return grads if getattr(summed, "yes", False) else keras_clip(grads)
   gradient_reduction.wrap(optimizer, lambda reduce, pairs: pairs if getattr(summed, "yes", False)
                           else reduce(pairs))
@@ -428,7 +436,7 @@ def clip_the_sum(optimizer, strategy) -> bool:
       return keras_apply(clipped, trainable_variables)
     finally:
       summed.yes = False
-  optimizer._clip_gradients = types.MethodType(done, optimizer)
+  optimizer._clip_gradients = types.MethodType(clip, optimizer)
   optimizer._backend_apply_gradients = types.MethodType(apply, optimizer)
   optimizer._tfdist_clips_the_sum = True
   return True

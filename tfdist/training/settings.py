@@ -288,9 +288,7 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
       keras_fixes.accumulate_outside_cond(inner, strategy)
   if training.shard_optimizer:
     _shard(optimizer, strategy, config, gradients=training.shard_gradients)
-  keras_fixes.refuse_ema_on_central_storage(inner, strategy)
-  keras_fixes.clip_the_sum(inner, strategy)  # One device's clip (not stages 2-3).
-  keras_fixes.overwrite_ema_outside_cond(inner, strategy)
+  keras_fixes.fix_optimizer_arguments(inner, strategy)  # Clipping, EMA: one device's meaning.
   return Installed(fused=type(inner).__name__ if fused else None,
                    accumulation=training.gradient_accumulation_steps, averaging=averaging)
 
