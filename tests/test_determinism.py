@@ -41,8 +41,10 @@ def one_device(tmp_path_factory):
   return [np.load(out / "weights.npz")[f"arr_{i}"] for i in range(4)]
 
 
-@pytest.mark.parametrize(
-    "strategy", ["default", "mirrored", "central_storage", "multi_worker_mirrored"])
+@pytest.mark.parametrize("strategy", [
+    pytest.param("default", marks=pytest.mark.extended(
+        also="tests/test_determinism.py::test_a_deterministic_script_trains_as_one_device")),
+    "mirrored", "central_storage", "multi_worker_mirrored"])
 def test_a_deterministic_script_trains_as_one_device(tmp_path, one_device, strategy):
   _, weights = launch(tmp_path, strategy)
   for got, want in zip(weights, one_device, strict=True):

@@ -71,24 +71,30 @@ def _docstrings(tree) -> set[int]:
   return found
 
 
-def _context(tree, target) -> str:
-  """The name the constant is given to: an assignment's target, a keyword or parameter."""
+def _contexts(tree) -> dict[int, str]:
+  """The name each constant is given to (by `id`): an assignment's target, a keyword or
+  parameter; the first such holder in `ast.walk`'s order names it."""
+  found = {}
+
+  def give(nodes, name):
+    for node in nodes:
+      if isinstance(node, ast.Constant):
+        found.setdefault(id(node), name)
+
   for node in ast.walk(tree):
-    if isinstance(node, ast.Assign) and any(n is target for n in ast.walk(node.value)):
-      return getattr(node.targets[0], "id", "")
-    if isinstance(node, ast.Call) and any(
-        isinstance(a, ast.Constant) and a is target for a in node.args):
-      first = node.args[0]
-      return first.value if isinstance(first, ast.Constant) else ""
-    if isinstance(node, ast.AnnAssign) and node.value is target:
-      return getattr(node.target, "id", "")
-    if isinstance(node, ast.arguments):
+    if isinstance(node, ast.Assign):
+      give(ast.walk(node.value), getattr(node.targets[0], "id", ""))
+    elif isinstance(node, ast.Call):
+      first = node.args[0] if node.args else None
+      give(node.args, first.value if isinstance(first, ast.Constant) else "")
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+      give([node.value], getattr(node.target, "id", ""))
+    elif isinstance(node, ast.arguments):
       positional = node.args[len(node.args) - len(node.defaults):]
       for arg, default in [*zip(positional, node.defaults), *zip(node.kwonlyargs,
                                                                   node.kw_defaults)]:
-        if default is target:
-          return arg.arg
-  return ""
+        give([default] if default is not None else [], arg.arg)
+  return found
 
 
 def test_no_strategy_name_is_spelled_outside_its_declaration_and_builder():
@@ -100,9 +106,9 @@ def test_no_strategy_name_is_spelled_outside_its_declaration_and_builder():
     if relative in _NAMES_ALLOWED:
       continue
     tree = ast.parse(path.read_text())
-    docs = _docstrings(tree)
+    docs, contexts = _docstrings(tree), _contexts(tree)
     for node in ast.walk(tree):
       if isinstance(node, ast.Constant) and node.value in names and id(node) not in docs and \
-          (relative, _context(tree, node)) not in _OTHER_MEANINGS:
+          (relative, contexts.get(id(node), "")) not in _OTHER_MEANINGS:
         spelled.append(f"{relative}:{node.lineno}: {node.value!r}")
   assert not spelled, "\n".join(spelled)
