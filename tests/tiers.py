@@ -18,7 +18,9 @@ def all_but(kept, values, also: str) -> list:
   Example:
 
   ```python
-  @pytest.mark.parametrize("strategy", all_but("mirrored", STRATEGIES, also=__name__ ...))
+  @pytest.mark.parametrize("strategy", all_but(
+      "mirrored", ["default", "mirrored"], also="tests/test_x.py::test_fit_as_keras"))
+  def test_fit_as_keras(strategy): ...
   ```
   """
   mark = pytest.mark.extended(also=also)
