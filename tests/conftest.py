@@ -45,7 +45,8 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "extended(also): a second angle (another backend, strategy or parameter) of "
       "the guarantee `also` checks, `also` a test of the default run (its node id without "
-      "parameters); run with --extended")
+      "parameters; by default, for a parameter, its own test's other parameters); run with "
+      "--extended")
   if not hasattr(config, "workerinput"):  # The controller: pytest-xdist's workers inherit it.
     flag_coverage.start()
   if _runs_tests(config):
@@ -248,16 +249,20 @@ def pytest_collection_modifyitems(config, items):
 
 def _require_extended_to_name_a_default_test(items) -> None:
   """The default run (README's test command, CI) leaves out the tests marked `extended`: each
-  names the test of the default run that checks its guarantee (`also`), so no guarantee leaves
-  CI with it. Checked wherever `also`'s file is collected."""
+  names the test of the default run that checks its guarantee (`also`; a parameter's own test
+  unless it says otherwise), so no guarantee leaves CI with it. Checked wherever `also`'s file
+  is collected."""
   default = {item.nodeid.split("[")[0] for item in items
              if not item.get_closest_marker("extended")}
   files = {item.nodeid.split("::")[0] for item in items}
   wrong = []
   for item in items:
     mark = item.get_closest_marker("extended")
-    also = mark.kwargs.get("also", "") if mark else None
-    if mark and (not also or also.split("::")[0] in files and also not in default):
+    if mark is None:
+      continue
+    own = item.nodeid.split("[")[0] if "[" in item.nodeid else ""  # A parameter of its own.
+    also = mark.kwargs.get("also", own)
+    if not also or also.split("::")[0] in files and also not in default:
       wrong.append(f"{item.nodeid}: extended(also={also!r}) must name a test of the default run")
   if wrong:
     raise pytest.UsageError("\n".join(wrong))

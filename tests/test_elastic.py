@@ -35,10 +35,7 @@ def _launch(tmp_path, *flags, loop=False, board=False, gone_at=2):
 
 
 @pytest.mark.timeout(480)  # Past its own 420 s bound, so that bound's message is the one seen.
-@pytest.mark.parametrize("loop", all_but(
-    False, [False, True], also="tests/test_elastic.py::test_a_worker_gone_for_good_leaves_two_"
-                               "that_finish_with_one_devices_weights"),
-    ids=["fit", "training_loop"])
+@pytest.mark.parametrize("loop", all_but([False, True], False), ids=["fit", "training_loop"])
 def test_a_worker_gone_for_good_leaves_two_that_finish_with_one_devices_weights(tmp_path, loop):
   """Under tfdist.fit with a restart: it fails at epoch 2, and again at once when restarted;
   under TrainingLoop with none: it is dropped at its first failure."""

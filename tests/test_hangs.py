@@ -198,10 +198,7 @@ _PLACEMENTS = {
 }
 
 
-@pytest.mark.parametrize("placement", all_but(
-    "callback_one_step_a_call", list(_PLACEMENTS),
-    also="tests/test_hangs.py::test_a_worker_blocked_anywhere_in_fit_is_named_its_stack_kept_"
-         "and_the_restart_finishes"))
+@pytest.mark.parametrize("placement", all_but(list(_PLACEMENTS), "callback_one_step_a_call"))
 def test_a_worker_blocked_anywhere_in_fit_is_named_its_stack_kept_and_the_restart_finishes(
     tmp_path, placement, uninterrupted_weights, generator_weights):
   hang_in, at, per_call, where = _PLACEMENTS[placement]

@@ -113,9 +113,8 @@ def _assert_same(history, model, want_history, want_model):
     np.testing.assert_allclose(got, want, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("strategy", all_but(  # The 2-worker contract checks them too.
-    "mirrored", list(STRATEGIES),
-    also="tests/test_keras_arguments.py::test_fit_argument_has_its_keras_meaning"))
+# The 2-worker contract checks these arguments too.
+@pytest.mark.parametrize("strategy", all_but(list(STRATEGIES), "mirrored"))
 @pytest.mark.parametrize("case", FIT_CASES)
 def test_fit_argument_has_its_keras_meaning(case, strategy):
   kwargs = FIT_CASES[case]

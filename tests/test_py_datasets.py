@@ -77,10 +77,7 @@ def _plain():
                lambda model, data: model.predict(data, verbose=0))
 
 
-@pytest.mark.parametrize("strategy", all_but(
-    "mirrored", ["mirrored", "central_storage"],
-    also="tests/test_py_datasets.py::test_a_py_dataset_trains_evaluates_and_predicts_as_plain_"
-         "keras_and_calls_its_hooks_alike"))
+@pytest.mark.parametrize("strategy", all_but(["mirrored", "central_storage"], "mirrored"))
 def test_a_py_dataset_trains_evaluates_and_predicts_as_plain_keras_and_calls_its_hooks_alike(
     strategy):
   want_history, want_evaluate, want_predict, want_logs = _plain()

@@ -1,16 +1,16 @@
-"""The default run and the extended one (`--extended`, `tests/conftest.py`): parameters of one
-test of which one stays in the default run and the rest are its extended angles."""
+"""The default run and the extended one (`--extended`, `tests/conftest.py`): the parameters of
+one test of which some stay in the default run and the rest are its extended angles."""
 
 import pytest
 
 
-def all_but(kept, values, also: str) -> list:
-  """`values` as a parametrize list, each but `kept` marked `extended(also=also)`.
+def all_but(values, *kept) -> list:
+  """`values` as a parametrize list, each not in `kept` marked `extended`: its guarantee is
+  checked in the default run by the kept ones (the mark's `also` is the test itself).
 
   Args:
-    kept: the value (a tuple for several names) the default run keeps.
-    values: every value, in order.
-    also: the test's own node id without parameters (the kept value checks the guarantee).
+    values: every value, in order (a tuple for several argument names).
+    *kept: the values the default run keeps.
 
   Returns:
     `values`, the extended ones as `pytest.param`s.
@@ -18,12 +18,11 @@ def all_but(kept, values, also: str) -> list:
   Example:
 
   ```python
-  @pytest.mark.parametrize("strategy", all_but(
-      "mirrored", ["default", "mirrored"], also="tests/test_x.py::test_fit_as_keras"))
+  @pytest.mark.parametrize("strategy", all_but(["default", "mirrored"], "mirrored"))
   def test_fit_as_keras(strategy): ...
   ```
   """
-  mark = pytest.mark.extended(also=also)
-  return [value if value == kept else
-          pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=mark)
+  return [value if value in kept else
+          pytest.param(*(value if isinstance(value, tuple) else (value,)),
+                       marks=pytest.mark.extended)
           for value in values]
