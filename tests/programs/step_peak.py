@@ -8,7 +8,9 @@ Prints `TRANSIENT_BYTES x` (the most the steps added over what was held before t
 `WEIGHT_BYTES x` and `MAX_DIFF x` (the largest difference from plain Keras's weights on one
 device after the same steps), and `FIT_TRANSIENT_BYTES x`: the same peak over steps 2 to 4 of
 `tfdist.fit` itself (its input pipeline included; stage 3's weights are sharded only there:
-`tfdist.fit` gives them back whole when it ends).
+`tfdist.fit` gives them back whole when it ends), and `READ_COPY_BYTES x`: the most a read of one
+of the model's trained weights allocates (0 unless the variable was left in TensorFlow's
+copy-on-read mode, where every read, each forward pass's included, copies it whole).
 
 Usage: python -m tests.programs.step_peak N off|optimizer|gradients|parameters (under `tfdist
 launch`: the launched config's strategy and training, each task its own process's figures)"""
@@ -55,6 +57,16 @@ def main(replicas: str, mode: str) -> None:
                          optimizer=keras.optimizers.Adam(1e-3),
                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
   print(f"FIT_TRANSIENT_BYTES {measured['peak'] - measured['held']}", flush=True)
+  copies = []
+  for variable in model.trainable_variables:
+    for component in getattr(variable.value, "values", None) or [variable.value]:
+      read = tf.function(lambda c=component: tf.reduce_sum(c.read_value()))
+      read()  # Traced.
+      tf.config.experimental.reset_memory_stats("CPU:0")
+      before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+      read()
+      copies.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+  print(f"READ_COPY_BYTES {max(copies)}", flush=True)
   batch = (tf.constant(x[:32]), tf.constant(y[:32]))
   model.train_on_batch(*batch)  # Its own function traced.
   tf.config.experimental.reset_memory_stats("CPU:0")

@@ -8,9 +8,9 @@ all-reduce of the gradients (TensorFlow's collectives offer no reduce-scatter un
 strategies, and none at all on CPU: tests/test_sharded_optimizer.py, BUILD_NOTES.md), replica
 r updates its shard of the weights with its shard of the gradients and its slots (the
 optimizer's own `update_step`, elementwise, so the arithmetic is the unsharded one's), and the
-updated shards are all-gathered into every replica's weights, a piece at a time, each piece
-written in place (`PIECE_BYTES`): per step an all-reduce of the gradients plus an all-gather of
-the weights. The shard of the weights being updated is a
+updated shards are all-gathered into every replica's weights, a piece at a time (`PIECE_BYTES`),
+each variable assigned whole once its pieces have arrived: per step an all-reduce of the
+gradients plus an all-gather of the weights. The shard of the weights being updated is a
 tensor inside the step (`_Shard`), not a variable: a replica holds nothing beyond its slots'
 shards, 1/N of the unsharded optimizer's state.
 
@@ -313,27 +313,38 @@ class _Shards:
                             tf.constant([self.size], index))
 
   def _write_gathered(self, distribution, local, variables):
-    """Every replica's updated shard written into `variables` a piece at a time: piece i of each
-    shard gathered in one all-gather, each of its segments written in place into the variable it
-    falls in (strided-slice assignments), each piece after the one before: no whole-size copy
-    of the weights is made."""
+    """Every replica's updated shard written into `variables`: piece i of every shard gathered
+    in one all-gather, each after the one before, and each variable assigned whole, once, as
+    soon as its last segment has arrived (the pieces it needs live until then). A dense
+    assignment, not a strided-slice one into the variable: TensorFlow's sparse writes put a
+    variable in copy-on-read mode for good (`EnsureSparseVariableAccess`), after which every
+    read of it, each step's forward pass included, copies it whole
+    (`test_stage_2_in_pieces_equals_plain_keras`)."""
     starts = np.cumsum([0, *self.sizes])
-    done = []
+    segments = [[] for _ in variables]  # Per variable: (where it starts in it, the tensor).
+    missing = list(self.sizes)
+    after = []
     for begin, length in self._spans():
-      with tf.control_dependencies(done):
+      with tf.control_dependencies(after):
         gathered = self._gather(distribution, [shard[begin:begin + length] for shard in local])
-      done = []
+      after = [gathered]
       for k in range(self.replicas):
         at = k * self.size + begin  # Where gathered[k * length] lies, end to end.
         for j, variable in enumerate(variables):
           a, b = max(at, starts[j]), min(at + length, starts[j] + self.sizes[j])
-          for box, first, last in _boxes(self.shapes[j], a - starts[j], b - starts[j]):
-            value = gathered[k * length + starts[j] + first - at:
-                             k * length + starts[j] + last - at]
-            wrote = distribution.extended.update(
-                variable, _write_box, args=(tf.reshape(value, [e - s for s, e in box]), box),
-                group=False)
-            done += wrote if isinstance(wrote, (tuple, list)) else [wrote]
+          if a >= b:
+            continue
+          segments[j].append((a - starts[j], gathered[k * length + a - at:k * length + b - at]))
+          missing[j] -= b - a
+          if missing[j]:
+            continue
+          parts = [t for _, t in sorted(segments[j], key=lambda s: s[0])]
+          value = tf.reshape(tf.concat(parts, 0) if len(parts) > 1 else parts[0],
+                             self.shapes[j])
+          segments[j] = None
+          wrote = distribution.extended.update(variable, _write_whole, args=(value,),
+                                               group=False)
+          after += wrote if isinstance(wrote, (tuple, list)) else [wrote]
 
   def _scattered(self, grads, replica: int, launcher):
     """Replica `replica`'s shard of the sum of every replica's `grads`, reduce-scattered a piece
@@ -441,53 +452,14 @@ class _Shards:
         component.assign(whole[replica * self.size:(replica + 1) * self.size])
 
 
-def _write_box(variable, value, box):
-  """`variable[box] = value` in place (TensorFlow's strided-slice assignment); returns a tensor
-  that follows the write."""
+def _write_whole(variable, value):
+  """`variable` set to `value` (a dense assignment); returns a tensor that follows the write."""
   handle = getattr(variable, "handle", None)
   if handle is None:  # A Keras variable: its TensorFlow variable.
     handle = variable.value.handle
-  if not box:  # A scalar.
-    wrote = tf.raw_ops.AssignVariableOp(resource=handle, value=value)
-  else:
-    wrote = tf.raw_ops.ResourceStridedSliceAssign(
-        ref=handle, begin=tf.constant([s for s, _ in box], tf.int64),
-        end=tf.constant([e for _, e in box], tf.int64), strides=tf.ones([len(box)], tf.int64),
-        value=value)
+  wrote = tf.raw_ops.AssignVariableOp(resource=handle, value=value)
   with tf.control_dependencies([wrote]):
     return tf.constant(0)
-
-
-def _boxes(shape, a: int, b: int) -> list:
-  """Elements [a, b) of an array of `shape` (row-major) as boxes: [(box, first, last)], box a
-  [(begin, end)] per axis holding the elements [first, last) of the range. Pure.
-
-  >>> _boxes((2, 3), 1, 5)
-  [([(0, 1), (1, 3)], 1, 3), ([(1, 2), (0, 2)], 3, 5)]
-  """
-  if a >= b:
-    return []
-  if not shape:
-    return [([], a, b)]
-  inner = int(np.prod(shape[1:]))
-  first_row, end_row = a // inner, -(-b // inner)
-
-  def within(row, lo, hi):  # Elements [lo, hi) of one row, as boxes of the row's axes.
-    return [([(row, row + 1), *box], row * inner + f, row * inner + l)
-            for box, f, l in _boxes(shape[1:], lo, hi)]
-  if end_row - first_row == 1:
-    return within(first_row, a - first_row * inner, b - first_row * inner)
-  out = []
-  if a % inner:
-    out += within(first_row, a % inner, inner)
-    first_row += 1
-  whole_end = b // inner
-  if whole_end > first_row:
-    out.append(([(first_row, whole_end), *[(0, n) for n in shape[1:]]], first_row * inner,
-                whole_end * inner))
-  if b % inner:
-    out += within(whole_end, 0, b % inner)
-  return out
 
 
 def _made_by(optimizer, build, key=lambda ref: None) -> dict:

@@ -272,8 +272,9 @@ class Parameters:
     spans = self._spans(index)
     for device, component in self.components.items():
       at, start, held = spans[self.replica_of[device]]
-      if held:
-        component[at:at + held].assign(flat[start:start + held])
+      if held:  # Dense: a strided-slice write would copy the shard at each read from then on.
+        shard = component.read_value()
+        component.assign(tf.concat([shard[:at], flat[start:start + held], shard[at + held:]], 0))
     self.forget()
 
   def release(self) -> None:
