@@ -19,8 +19,10 @@ other's: which train and which run out of memory.
 
 With `--peak` (processes only, TensorFlow's CPU allocator with statistics, BFC): each
 worker's allocator peak over the steps of epoch 2 and over its whole fit, the most of any
-worker: what a replica's memory must hold at once, weights, optimizer state and the step's
-gradients and buffers together. (A step's transient alone, without an input pipeline's
+worker (what a replica's memory must hold at once: weights, optimizer state, the step's
+gradients and buffers, the input pipeline's), and what each stage saves against the unsharded
+run over the steps, beside what `tfdist estimate`'s rows say it saves (the pipeline's bytes,
+which the estimate leaves out, cancel). (A step's transient alone, without an input pipeline's
 buffers: `python -m tests.programs.step_peak 2 off|optimizer|gradients`.)
 
   python -m benchmarks.bench_optimizer_sharding [--rounds 1] [--replicas 2,3,4] [--peak|--cap]
@@ -50,20 +52,44 @@ def sent(stage: str, n: int) -> float:
           "stage 2": 2 * gradients, "stage 3": 2 * gradients}[stage]
 
 
+ROWS = {"unsharded": "data_parallel", "stage 1": "sharded", "stage 2": "sharded_gradients",
+        "stage 3": "sharded_parameters"}
+
+
+def estimated(n: int) -> dict[str, int]:
+  """`tfdist estimate`'s total per replica for each setup: the benchmark MLP, its batch of 256
+  per replica, `n` replicas."""
+  from benchmarks import common
+  from tfdist.parallel import estimates
+  from tfdist.training import sharding_memory
+  model = common.model_fn()
+  model.compile(**common.compile_args())
+  plan = estimates.estimate_memory(model, batch=256 * n, devices=1, replicas=n)
+  plan.update(sharding_memory.stage_rows(plan))
+  return {stage: plan[row].total for stage, row in ROWS.items()}
+
+
 def peaks(n: int) -> list[str]:
-  """Rows of each stage's allocator peak, the most of any of `n` worker processes."""
+  """Rows of each stage's allocator peak, the most of any of `n` worker processes, and what it
+  saves against the unsharded run's, beside what the estimate says it saves (the input
+  pipeline's buffers, which the estimate leaves out, cancel)."""
   rows = []
+  estimate = estimated(n)
   os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+  unsharded = None
   for stage, settings in STAGES.items():
     found, steps = [], []
     for _ in range(FLAGS.rounds):
       output = run(cluster(n) + training(TRAINING, **settings), "train", n)
       found.append(max(int(v) for v in re.findall(r"\bPEAK_BYTES (\d+)", output)))
       steps.append(max(int(v) for v in re.findall(r"STEPS_PEAK_BYTES (\d+)", output)))
+    unsharded = max(steps) if unsharded is None else unsharded
     rows.append(f"| {n} | {stage} | {statistics.median(steps) / 2**20:.2f} MiB "
                 f"({', '.join(f'{f / 2**20:.2f}' for f in steps)}) | "
                 f"{statistics.median(found) / 2**20:.2f} MiB "
-                f"({', '.join(f'{f / 2**20:.2f}' for f in found)}) |")
+                f"({', '.join(f'{f / 2**20:.2f}' for f in found)}) | "
+                f"{(unsharded - max(steps)) / 2**20:.2f} MiB | "
+                f"{(estimate['unsharded'] - estimate[stage]) / 2**20:.2f} MiB |")
   return rows
 
 
@@ -101,8 +127,8 @@ def main(argv):
   if FLAGS.peak:
     print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
           f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32)\n")
-    print("| N | setup | peak over the steps of epoch 2 (runs) | peak over the whole fit (runs) |"
-          "\n|---|---|---|---|")
+    print("| N | setup | peak over the steps of epoch 2 (runs) | peak over the whole fit (runs) "
+          "| less than unsharded, steps | tfdist estimate's less |\n|---|---|---|---|---|---|")
     print("\n".join(row for n in FLAGS.replicas for row in peaks(int(n))))
     return
   rows = []

@@ -242,31 +242,46 @@ def test_the_estimated_bytes_per_device_match_the_variables_placed(make):
   assert plan["data_parallel"].variables == sum(estimated)
 
 
-def test_the_estimate_says_when_sharding_the_optimizer_makes_a_model_fit():
+def test_the_estimate_says_which_zero_stage_makes_a_model_fit():
+  """Each ZeRO stage's row, computed here by hand from what its step holds (the terms
+  `sharding_memory` lists), and the recommendation at capacities between the rows: the first
+  stage that fits, stage 3 said to be the only one when it is, a stage the run would refuse
+  passed over with its reason."""
   from tfdist.parallel import estimates
+  from tfdist.training import sharding_memory
   model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(2048),
                             keras.layers.Dense(512)])
   model.compile("adam", "mse")
-  plan = estimates.estimate_memory(model, batch=8, devices=4)
-  whole, sharded = plan["data_parallel"], plan["sharded"]
-  trainable = model.count_params() * 4
-  assert whole.optimizer == 2 * trainable
-  assert sharded.optimizer == 2 * (-(-model.count_params() // 4)) * 4  # Adam's 2 slots, 1/4.
-  both = plan["sharded_gradients"]  # Stage 2: the reduced gradients a quarter too.
-  assert (both.optimizer, both.gradients) == (sharded.optimizer, -(-whole.gradients // 4))
-  third = plan["sharded_parameters"]  # Stage 3: a quarter of the weights held; the whole
-  assert (third.weights, third.working) == (  # gathered for the step: never the smaller peak.
-      -(-trainable // 4), whole.working + trainable)
-  assert third.variables < both.variables and third.total > both.total
-  between = (whole.total + sharded.total) // 2
-  assert estimates.recommend(plan, between).startswith(
-      "data parallel with the optimizer's state sharded (training.shard_optimizer: true): ")
-  assert estimates.recommend(plan, (sharded.total + both.total) // 2).startswith(
-      "data parallel with the optimizer's state and the gradients sharded "
-      "(training.shard_optimizer and training.shard_gradients: true): ")
+  plan = estimates.estimate_memory(model, batch=8, devices=1, replicas=4)
+  rows = sharding_memory.stage_rows(plan)
+  whole = plan["data_parallel"]
+  weights = model.count_params() * 4  # All trainable, float32.
+  largest, shard, piece = 512 * 2048 * 4, -(-weights // 4), 1 << 20
+  held = {"sharded": weights + 2 * shard, "sharded_gradients": weights + 2 * shard,
+          "sharded_parameters": 3 * shard}  # Weights (or their shard) and Adam's 2 slots.
+  passes = {"sharded": whole.activations + whole.working,
+            "sharded_gradients": whole.activations + whole.working,
+            "sharded_parameters": whole.activations + whole.working + weights}  # Gathered.
+  update = {"sharded": 2 * weights + 3 * shard + largest + 4 * piece,
+            "sharded_gradients": 2 * shard + 2 * piece + 3 * shard + largest + 4 * piece,
+            "sharded_parameters": 2 * shard + 2 * piece + 3 * shard}
+  assert (whole.weights, whole.gradients, whole.optimizer) == (weights, weights, 2 * weights)
+  assert whole.total == 4 * weights + max(whole.activations + whole.working, weights)
+  for key, row in rows.items():
+    assert row.total == held[key] + weights + max(passes[key], update[key]), key
+  plan.update(rows)
+  totals = {key: row.total for key, row in rows.items()}
+  assert totals["sharded_parameters"] < min(whole.total, totals["sharded"],
+                                            totals["sharded_gradients"]), totals
   assert estimates.recommend(plan, whole.total).startswith("data parallel: the whole model")
-  assert estimates.recommend(plan, both.total - 1).startswith("split into") or \
-      estimates.recommend(plan, both.total - 1).startswith("does not fit")
+  only = (totals["sharded_parameters"] + min(whole.total, totals["sharded_gradients"])) // 2
+  said = estimates.recommend(plan, only)
+  assert said.startswith("data parallel with the weights sharded too (training.shard_optimizer,"
+                         " training.shard_gradients and training.shard_parameters: true) fits "
+                         "(no stage before it does): "), said
+  plan["refused"] = {"sharded_parameters": "weight_decay decays whole weights"}
+  assert "refuses this model: weight_decay decays whole weights" in \
+      estimates.recommend(plan, only)
 
 
 _ESTIMATED_MODELS = (
@@ -296,12 +311,14 @@ def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   assert any(line.startswith("data parallel, each") and f"{weights:.2f} MiB" in line
              and f"{2 * weights:.2f} MiB" in line for line in lines)  # Adam: 2 slots.
   assert "data parallel: the whole model fits each device" in done.stdout
-  # Sharded (issues 34, 53): Adam's two slots of half the weights; stage 2 half the gradients.
+  # Sharded (issues 34, 53, 62): Adam's two slots of half the weights; stage 2's step still
+  # holds the replica's whole gradients (its reduced shard is in the update column).
   sharded = 2 * 407045 * 4 / 2 ** 20
   assert any(line.startswith("  optimizer sharded") and f"{sharded:.2f} MiB" in line
              for line in lines), done.stdout
-  assert any(line.startswith("  + gradients sharded") and f"{sharded / 2:.2f} MiB" in line
-             for line in lines), done.stdout
+  assert any(line.startswith("  + gradients sharded") and
+             line.split()[3:7] == [f"{weights:.2f}", "MiB", f"{weights:.2f}", "MiB"]
+             for line in lines), done.stdout  # Weights, gradients: whole.
   assert any(line.startswith("  + weights sharded") and f"{weights / 2:.2f} MiB" in line
              for line in lines), done.stdout  # Stage 3: half the weights held.
   # The all-reduce model: 2(N-1)/N x gradient bytes / 12.5 GB/s at 512 devices.

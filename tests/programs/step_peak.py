@@ -8,7 +8,9 @@ Prints `TRANSIENT_BYTES x` (the most the steps added over what was held before t
 `WEIGHT_BYTES x` and `MAX_DIFF x` (the largest difference from plain Keras's weights on one
 device after the same steps), and `FIT_TRANSIENT_BYTES x`: the same peak over steps 2 to 4 of
 `tfdist.fit` itself (its input pipeline included; stage 3's weights are sharded only there:
-`tfdist.fit` gives them back whole when it ends), and `READ_COPY_BYTES x`: the most a read of one
+`tfdist.fit` gives them back whole when it ends), `FIT_PEAK_BYTES x`: the most the process's
+allocator held at once over those steps (the variables, the step's buffers and the input
+pipeline's together: what `tfdist estimate` totals, the pipeline apart), and `READ_COPY_BYTES x`: the most a read of one
 of the model's trained weights allocates (0 unless the variable was left in TensorFlow's
 copy-on-read mode, where every read, each forward pass's included, copies it whole).
 
@@ -21,16 +23,24 @@ import sys
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 
 
+def model_fn():
+  import keras
+  keras.utils.set_random_seed(1)
+  return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu"),
+                           keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(8)])
+
+
+def compile_args():
+  import keras
+  return dict(optimizer=keras.optimizers.Adam(1e-3),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
 def main(replicas: str, mode: str) -> None:
   import keras
   import numpy as np
   import tensorflow as tf
   import tfdist
-
-  def model_fn():
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu"),
-                             keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(8)])
 
   config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
             "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
@@ -53,10 +63,9 @@ def main(replicas: str, mode: str) -> None:
     def on_train_end(self, logs=None):
       measured["peak"] = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   model = tfdist.fit(model_fn, np.concatenate([x, x]), np.concatenate([y, y]), config=config,
-                     shuffle=False, verbose=0, callbacks=[Peak()], compile=lambda: dict(
-                         optimizer=keras.optimizers.Adam(1e-3),
-                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))).model
+                     shuffle=False, verbose=0, callbacks=[Peak()], compile=compile_args).model
   print(f"FIT_TRANSIENT_BYTES {measured['peak'] - measured['held']}", flush=True)
+  print(f"FIT_PEAK_BYTES {measured['peak']}", flush=True)
   copies = []
   for variable in model.trainable_variables:
     for component in getattr(variable.value, "values", None) or [variable.value]:
@@ -78,8 +87,7 @@ def main(replicas: str, mode: str) -> None:
   print(f"WEIGHT_BYTES {sum(w.numpy().nbytes for w in model.weights)}", flush=True)
   # The reference: plain Keras on one device, the same batches in the same order.
   plain = model_fn()
-  plain.compile(optimizer=keras.optimizers.Adam(1e-3),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  plain.compile(**compile_args())
   plain.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=32, epochs=1,
             shuffle=False, verbose=0)
   for _ in range(4):

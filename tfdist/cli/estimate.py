@@ -1,6 +1,7 @@
 """`tfdist estimate CONFIG --model module:fn [--batch B] [--length L] [--generate LENGTH]
 [--memory 16GiB]`: bytes per device (weights, gradients, optimizer state, the activations the
-backward pass keeps, working memory) of the model's training step under data parallelism and
+backward pass keeps, working memory, what the reduction and update hold) of the model's
+training step under data parallelism, each ZeRO stage (`tfdist.training.sharding_memory`) and
 split over the config's devices, whether it fits the devices, and what to use.
 With `--generate`, the same for a causal LM generating sequences of LENGTH tokens: weights,
 key/value cache and working memory, on one device and split."""
@@ -131,9 +132,25 @@ def _training_plan(model, batch: int, replicas: int, stages, devices: int) -> di
     raise ConfigError(f"is needed: input {open_[0]!r} of {FLAGS.model} leaves a dimension "
                       "open (a sequence's length): pass the length to count it at",
                       key="--length")
-  # Data parallel over the replicas; the split over this process's devices.
-  return estimates.estimate_memory(model, batch=batch, devices=devices, stages=stages,
+  from tfdist.training import sharding_memory
+  # Data parallel over the replicas, each ZeRO stage's; the split over this process's devices.
+  plan = estimates.estimate_memory(model, batch=batch, devices=devices, stages=stages,
                                    length=FLAGS.length, replicas=replicas)
+  plan.update(sharding_memory.stage_rows(plan))
+  plan["refused"] = _refused(model)
+  return plan
+
+
+def _refused(model) -> dict[str, str]:
+  """{ZeRO stage row: why the run would refuse it for `model` and its optimizer}."""
+  from tfdist.training import sharded_optimizer, sharded_parameters
+  optimizer = getattr(model, "optimizer", None)
+  if optimizer is None:  # Not compiled: its optimizer is unknown, nothing to refuse yet.
+    return {}
+  stage_2 = sharded_optimizer.refusal(optimizer, gradients=True)
+  reasons = {"sharded": sharded_optimizer.refusal(optimizer), "sharded_gradients": stage_2,
+             "sharded_parameters": stage_2 or sharded_parameters.refusal(model, optimizer)}
+  return {key: reason for key, reason in reasons.items() if reason}
 
 
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mib": 2 ** 20,

@@ -6,9 +6,10 @@ Training, per device, in bytes: weights, gradients (one per trainable weight), o
 activations (what the backward pass keeps: read from the traced training step,
 `step_memory.step_tensors`, so a recurrent layer's every time step, attention's scores and the
 loss's logits count) and working memory (what one op, or the optimizer's update, holds at once
-on top of that). Data parallelism (mirrored,
-multi_worker_mirrored) holds everything on every device with the batch split; a split holds each
-stage's share with the whole batch going through.
+on top of that), then what the gradients' reduction and the optimizer's update hold beside the
+gradients once the passes have freed theirs (`DeviceMemory.update`). Data parallelism
+(mirrored, multi_worker_mirrored) holds everything on every device with the batch split; a
+split holds each stage's share with the whole batch going through.
 
 Generation (`estimate_generation`), per device: weights, the key/value cache of its blocks, and
 the working memory of the first pass over the prompts (twice the largest layer output).
@@ -31,18 +32,28 @@ import numpy as np
 class DeviceMemory:
   """Bytes one device holds.
 
+  A step holds its gradients throughout two phases: the forward and backward passes (the
+  activations they keep and their working memory), then the gradients' reduction and the
+  optimizer's update (`update`), which begin once the backward pass has freed the first.
+  `total` is the larger phase's peak with the variables.
+
   Attributes:
     weights: the model's variables.
     gradients: one per trainable weight.
     optimizer: the optimizer's slots.
     activations: the forward tensors the backward pass keeps.
-    working: what the step holds at once on top of that (`StepTensors.working`).
+    working: what the passes hold at once on top of that (`StepTensors.working`; under
+      stage 3 the weights gathered for them too).
+    update: what the reduction and the update hold at once beside the gradients (across
+      replicas, the all-reduce's packed buffer; a ZeRO stage's shards, pieces and copies:
+      `tfdist.training.sharding_memory`).
   """
   weights: int
   gradients: int
   optimizer: int
   activations: int
   working: int = 0
+  update: int = 0
 
   @property
   def variables(self) -> int:
@@ -51,7 +62,8 @@ class DeviceMemory:
 
   @property
   def total(self) -> int:
-    return self.weights + self.gradients + self.optimizer + self.activations + self.working
+    return (self.weights + self.optimizer + self.gradients +
+            max(self.activations + self.working, self.update))
 
 
 def layer_bytes(model, kept: dict) -> list[dict]:
@@ -117,14 +129,11 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
 
   Returns:
     A dict: "data_parallel" (the `DeviceMemory` of each replica, its batch `batch / replicas`),
-    "sharded" (the same with `training.shard_optimizer`: the optimizer's state of 1/N of the
-    weights), "sharded_gradients" (with `training.shard_gradients` too: the reduced gradients
-    kept for the update are 1/N as well), "sharded_parameters" (with
-    `training.shard_parameters` too: 1/N of the trainable weights held between steps, the
-    whole gathered for each step counted in its working memory, so its step needs the shard
-    more than stage 2's: it is never recommended), "split" (one `DeviceMemory` per stage,
-    a worker's whole batch through each: `batch` over the workers, `replicas / devices`),
-    "stages" (each unit's stage) and "layers" (their names); `render` prints it.
+    "split" (one `DeviceMemory` per stage, a worker's whole batch through each: `batch` over
+    the workers, `replicas / devices`), "stages" (each unit's stage), "layers" (their names),
+    "replicas", "trainable" (the trainable weights' bytes) and "largest" (the largest trainable
+    weight's); `tfdist.training.sharding_memory.stage_rows` adds the ZeRO stages' rows from
+    them; `render` prints it.
 
   Raises:
     ValueError: the model leaves an input dimension open and `length` is None.
@@ -166,43 +175,56 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
                   (loss["activations"] if k == last else 0), whole)
            for k in range(last + 1)
            for chosen in [[r for r, s in zip(units, stages) if s == k]]]
-  data_parallel = memory(units, replica.kept, replica, replica.gradients)
-  trainable = sum(r["trainable"] for r in units)
-  shard = -(-trainable // replicas)  # `training.shard_optimizer`: slots of 1/N.
-  sharded = dataclasses.replace(data_parallel, optimizer=int(round(shard * ratio)))
-  sharded_gradients = dataclasses.replace(  # `training.shard_gradients`: a reduced shard.
-      sharded, gradients=-(-data_parallel.gradients // replicas))
-  sharded_parameters = dataclasses.replace(  # `training.shard_parameters`: a weights shard.
-      sharded_gradients, weights=data_parallel.weights - trainable + shard,
-      working=data_parallel.working + trainable)
-  return {"data_parallel": data_parallel, "sharded": sharded,
-          "sharded_gradients": sharded_gradients, "sharded_parameters": sharded_parameters,
-          "split": split,
-          "stages": stages, "layers": [r["name"] for r in units]}
+  data_parallel = dataclasses.replace(  # Keras's all-reduce packs the gradients in one buffer.
+      memory(units, replica.kept, replica, replica.gradients),
+      update=replica.gradients if replicas > 1 else 0)
+  trainable = model.trainable_variables
+  return {"data_parallel": data_parallel, "split": split, "stages": stages,
+          "layers": [r["name"] for r in units], "replicas": replicas,
+          "trainable": sum(_bytes(v) for v in trainable),
+          "largest": max((_bytes(v) for v in trainable), default=0)}
+
+
+# The ZeRO stages' rows (`tfdist.training.sharding_memory.stage_rows`), in the order tried: the
+# first that fits is recommended, each with the settings that turn it on.
+STAGE_ROWS = (
+    ("sharded", "the optimizer's state sharded", "training.shard_optimizer"),
+    ("sharded_gradients", "the optimizer's state and the gradients sharded",
+     "training.shard_optimizer and training.shard_gradients"),
+    ("sharded_parameters", "the weights sharded too",
+     "training.shard_optimizer, training.shard_gradients and training.shard_parameters"),
+)
 
 
 def recommend(plan: dict, capacity: int | None) -> str:
-  """Which way fits a device of `capacity` bytes (None: unknown). Pure."""
+  """Which way fits a device of `capacity` bytes (None: unknown): data parallel, then each ZeRO
+  stage the plan has (a stage in `plan["refused"]` is passed over, its reason said), then the
+  split. Pure."""
   data, split = plan["data_parallel"], plan["split"]
   if capacity is None:
     return "device memory unknown: compare the totals with your devices"
   if data.total <= capacity:
     return "data parallel: the whole model fits each device (strategy mirrored or " \
            "multi_worker_mirrored)"
-  sharded = plan.get("sharded")
-  if sharded and sharded.optimizer < data.optimizer and sharded.total <= capacity:
-    return "data parallel with the optimizer's state sharded (training.shard_optimizer: " \
-           f"true): {_mib(data.optimizer - sharded.optimizer)} less on each device makes it fit"
-  both = plan.get("sharded_gradients")
-  if both and sharded and sharded.optimizer < data.optimizer and both.total <= capacity:
-    return "data parallel with the optimizer's state and the gradients sharded " \
-           "(training.shard_optimizer and training.shard_gradients: true): " \
-           f"{_mib(data.total - both.total)} less on each device makes it fit"
+  refused = plan.get("refused", {})
+  fitting = [(key, words, settings) for key, words, settings in STAGE_ROWS
+             if key in plan and plan[key].total <= capacity]
+  passed_over = [f"{words} would fit, but {settings} refuses this model: {refused[key]}"
+                 for key, words, settings in fitting if key in refused]
+  chosen = [row for row in fitting if row[0] not in refused]
+  if chosen:
+    key, words, settings = chosen[0]
+    only = " (no stage before it does)" if len(fitting) == 1 and key == STAGE_ROWS[-1][0] \
+        else ""
+    return (f"data parallel with {words} ({settings}: true) fits{only}: "
+            f"{_mib(plan[key].total)} each, {_mib(data.total - plan[key].total)} less than "
+            "unsharded")
+  said = "; ".join(passed_over)
   if max(m.total for m in split) <= capacity:
-    return f"split into {len(split)} stages (parallel: {{stages: balanced}}); the whole model " \
-           "does not fit one device"
-  return "does not fit: more devices, a smaller batch, parallel.microbatches with fewer " \
-         "activations, or bfloat16"
+    return (f"split into {len(split)} stages (parallel: {{stages: balanced}}); the whole model "
+            "does not fit one device" + (f" ({said})" if said else ""))
+  return ("does not fit: more devices, a smaller batch, parallel.microbatches with fewer "
+          "activations, or bfloat16" + (f" ({said})" if said else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,21 +317,21 @@ def render_generation(plan: dict, capacity: int | None = None) -> str:
 def render(plan: dict, capacity: int | None = None) -> str:
   """The plan as a table, then the recommendation. Pure."""
   lines = [f"{'':24}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'activations':>13}"
-           f"{'working':>12}{'total':>12}"]
+           f"{'working':>12}{'update':>12}{'total':>12}"]
 
   def row(name, m: DeviceMemory):
     lines.append(f"{name:24}{_mib(m.weights):>12}{_mib(m.gradients):>12}"
                  f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.working):>12}"
-                 f"{_mib(m.total):>12}")
+                 f"{_mib(m.update):>12}{_mib(m.total):>12}")
   row("data parallel, each", plan["data_parallel"])
-  if "sharded" in plan and plan["sharded"].optimizer < plan["data_parallel"].optimizer:
-    row("  optimizer sharded", plan["sharded"])
-    if "sharded_gradients" in plan:
-      row("  + gradients sharded", plan["sharded_gradients"])
-    if "sharded_parameters" in plan:
-      row("  + weights sharded", plan["sharded_parameters"])
+  for key, label in (("sharded", "  optimizer sharded"), ("sharded_gradients",
+                     "  + gradients sharded"), ("sharded_parameters", "  + weights sharded")):
+    if key in plan:
+      row(label, plan[key])
   for k, m in enumerate(plan["split"]):
     row(f"split, stage {k}", m)
+  lines.append("total: weights + gradients + optimizer + the larger of activations + working "
+               "(the passes) and update (the reduction and the optimizer's update)")
   lines.append(recommend(plan, capacity))
   return "\n".join(lines)
 

@@ -92,6 +92,6 @@ def reduce_scatter(launcher, flat: tf.Tensor, rank: int, replicas: int) -> tf.Te
         ordering_token=launcher._get_ordering_token(), timeout=_TIMEOUT)
     # The ring's order for this chunk: from this rank on. A loop, not a chain of adds:
     # Grappler's arithmetic optimizer rewrites a chain into one AddN of its own order.
-    order = tf.gather(received, [(rank + k) % replicas for k in range(replicas)])
-    return tf.foldl(lambda total, chunk: total + chunk, order[1:], initializer=order[0],
-                    parallel_iterations=1)
+    # Each chunk read in the loop (no reordered copy of them all outlives the sum).
+    return tf.foldl(lambda total, k: total + tf.gather(received, (rank + k) % replicas),
+                    tf.range(1, replicas), initializer=received[rank], parallel_iterations=1)

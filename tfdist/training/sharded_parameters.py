@@ -7,12 +7,13 @@ shard_size`, TensorFlow's ring chunks): one variable of a shard's size per repli
 (`Parameters.flat`, a mirrored variable whose component on replica r holds r's shard). The
 model's own Keras variables keep their names, shapes and dtypes but hold no value
 (`_Sharded`): the first read of any of them in a step, in a replica, all-gathers the shards
-(one collective of the whole model, `launcher.all_gather`) and every read of the step takes
-its piece of that; a `tf.GradientTape` watches the piece as it would the variable, so Keras's
+(one collective of the whole model, the launcher's all-gather) and every read of the step
+takes its piece of that (a view of it); a `tf.GradientTape` watches the piece as it would the variable, so Keras's
 `train_step`, a subclass's own and a `tfdist.TrainingLoop` step run unchanged. The optimizer
 (stage 2's) reduce-scatters each replica's gradients, updates its shard of the weights in the
-shard variable and drops the step's gathered weights. The step's transient peak is the whole
-model's weights gathered (twice: the gathered vector and its pieces), not a layer at a time.
+shard variable and drops the step's gathered weights. The step holds the whole model's
+weights gathered (once) through its forward and backward passes, not a layer at a time; they
+are freed before the gradients' reduction (`tfdist.training.sharding_memory`).
 
 Reads outside a step (`get_weights`, `numpy`, `model.save`, a checkpoint) gather the variable's
 value across the replicas (under multi_worker_mirrored a collective: every worker reads, as
@@ -200,8 +201,10 @@ class Parameters:
       cache, around = self._gathered.setdefault(graph, {}), graph.as_default()
     if device not in cache:
       with around:  # In a loop's body (an RNN's scan) the step's graph gathers; the body captures.
-        launcher = self.launchers[device]
-        whole = launcher.all_gather(self.components[device].read_value(), axis=0)
+        # The shards are of one length: the launcher's collective alone, without its public
+        # `all_gather`'s padding and unpadding (a concatenation: the weights gathered twice).
+        whole = self.launchers[device]._all_gather(  # pylint: disable=protected-access
+            self.components[device].read_value(), None)
         cache[device] = self._pieces(whole)
     return cache[device][index]
 
@@ -248,9 +251,11 @@ class Parameters:
       return self.shards._gather(self.strategy, local)  # pylint: disable=protected-access
 
   def _pieces(self, whole):
-    pad = self.size * self.replicas - sum(self.sizes)
-    pieces = tf.split(whole, [*self.sizes, pad] if pad else self.sizes)
-    return [tf.reshape(p, s) for p, s in zip(pieces, self.shapes)]
+    """Each weight's piece of the gathered `whole`: a slice, which TensorFlow's CPU and GPU
+    kernels hand out as a view where it starts and ends on 64 bytes (`tf.split` of a vector
+    copies every piece: the gathered weights held twice, measured)."""
+    starts = np.cumsum([0, *self.sizes])
+    return [tf.reshape(whole[a:a + n], s) for a, n, s in zip(starts, self.sizes, self.shapes)]
 
   def forget(self) -> None:
     """Drops the gathered weights of the graph being traced (and eager ones): the shards were
