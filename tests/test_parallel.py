@@ -296,6 +296,33 @@ _ESTIMATED_MODELS = (
 """The models module a user's `tfdist estimate --model models:mlp` imports."""
 
 
+def test_tfdist_estimate_names_stage_3_where_only_it_fits(tmp_path):
+  """A user's 4-worker config and compiled model: `tfdist estimate` prints each ZeRO stage's
+  row; given a memory between stage 3's total and the lowest other's (read from its own
+  table, as a user would), it recommends stage 3 with the three settings that turn it on."""
+  from tests.launching import ENV
+  (tmp_path / "models.py").write_text(_ESTIMATED_MODELS)
+  (tmp_path / "config.yaml").write_text("cluster: {worker: 4}\n"
+                                        "strategy: multi_worker_mirrored\n")
+  command = [sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",
+             "models:mlp", "--batch", "64"]
+  done = forked.run(command, cwd=tmp_path, env=ENV, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  totals = {line[:24].strip(): float(line.split()[-2]) for line in done.stdout.splitlines()
+            if line.startswith(("data parallel, each", "  optimizer sharded",
+                                "  + gradients sharded", "  + weights sharded"))}
+  assert len(totals) == 4, done.stdout
+  third = totals.pop("+ weights sharded")
+  assert third < min(totals.values()), done.stdout
+  memory = (third + min(totals.values())) / 2
+  capped = forked.run(command + ["--memory", f"{memory:.2f}MiB"], cwd=tmp_path, env=ENV,
+                      timeout=120)
+  assert capped.returncode == 0, capped.stderr[-2000:]
+  assert ("data parallel with the weights sharded too (training.shard_optimizer, "
+          "training.shard_gradients and training.shard_parameters: true) fits (no stage before "
+          "it does): ") in capped.stdout, capped.stdout
+
+
 def test_tfdist_estimate_prints_the_table_and_a_recommendation(tmp_path):
   from tests.launching import ENV
   (tmp_path / "models.py").write_text(_ESTIMATED_MODELS)
