@@ -444,7 +444,7 @@ def test_stage_2_in_pieces_equals_plain_keras(tmp_path, replicas_as):
   afterwards copies nothing: each variable is assigned whole, never strided-slice written
   (TensorFlow then copies the variable at every read, each forward pass's included: 4 MiB a
   read of a 4 MiB kernel before, measured). Across processes, `tfdist estimate`'s stage-2 row
-  is each worker's measured peak over the fit to within 0.85-1.35x."""
+  bounds each worker's measured peak over the fit, 0.9-1.35x (measured 0.98-1.23x)."""
   done = _step_peak(tmp_path, "gradients", replicas_as)
   found = _printed(done.stdout)
   shard = int(found["WEIGHT_BYTES"][0]) / 2
@@ -460,8 +460,9 @@ def test_stage_3s_estimate_is_each_workers_measured_peak(tmp_path):
   """`tfdist estimate`'s stage-3 row (its shard of the weights and of Adam's state, the whole
   gradients, and the larger of the passes with the weights gathered and of the reduction and
   update) against each of 2 MultiWorkerMirrored workers' allocator peak over the fit's
-  steps (TensorFlow's BFC statistics): within 0.85-1.35x (the row before, stage 2's plus a
-  shard, was 0.79x; stage 2's own, which counted 1/N of the gradients, 0.61x)."""
+  steps (TensorFlow's BFC statistics): a bound, 0.9-1.35x (measured 0.97-1.21x; the row
+  before, stage 2's plus a shard, was 0.80-0.89x; stage 2's own, which counted 1/N of the
+  gradients, 0.60-0.67x)."""
   done = _step_peak(tmp_path, "parameters", "processes")
   found = _printed(done.stdout)
   assert float(found["MAX_DIFF"][0]) < 1e-5, done.stdout[-3000:]
@@ -500,7 +501,7 @@ def _assert_estimated(found: dict, row: str) -> None:
   plan = estimates.estimate_memory(model, batch=32, devices=1, replicas=2)
   estimated = sharding_memory.stage_rows(plan)[row].total
   peaks = [int(p) for p in found["FIT_PEAK_BYTES"]]
-  assert len(peaks) == 2 and 0.85 <= estimated / max(peaks) <= 1.35, (row, estimated, peaks)
+  assert len(peaks) == 2 and 0.9 <= estimated / max(peaks) <= 1.35, (row, estimated, peaks)
 
 
 # Stage 2 across processes: test_stage_2_in_pieces_equals_plain_keras[processes] too.

@@ -20,8 +20,6 @@ launch`: the launched config's strategy and training, each task its own process'
 import os
 import sys
 
-os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-
 
 def model_fn():
   import keras
@@ -98,4 +96,5 @@ def main(replicas: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
+  os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # Run, not imported (a test keeps its own).
   main(*sys.argv[1:])
