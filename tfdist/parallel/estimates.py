@@ -185,13 +185,15 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
           "largest": max((_bytes(v) for v in trainable), default=0)}
 
 
-# The ZeRO stages' rows (`tfdist.training.sharding_memory.stage_rows`), in the order tried: the
-# first that fits is recommended, each with the settings that turn it on.
+# The ZeRO stages' rows (`tfdist.training.sharding_memory.stage_rows`), in the order printed and
+# tried (the first that fits is recommended): key, table label, words, the settings turning it on.
 STAGE_ROWS = (
-    ("sharded", "the optimizer's state sharded", "training.shard_optimizer"),
-    ("sharded_gradients", "the optimizer's state and the gradients sharded",
+    ("sharded", "  optimizer sharded", "the optimizer's state sharded",
+     "training.shard_optimizer"),
+    ("sharded_gradients", "  + gradients sharded",
+     "the optimizer's state and the gradients sharded",
      "training.shard_optimizer and training.shard_gradients"),
-    ("sharded_parameters", "the weights sharded too",
+    ("sharded_parameters", "  + weights sharded", "the weights sharded too",
      "training.shard_optimizer, training.shard_gradients and training.shard_parameters"),
 )
 
@@ -207,7 +209,7 @@ def recommend(plan: dict, capacity: int | None) -> str:
     return "data parallel: the whole model fits each device (strategy mirrored or " \
            "multi_worker_mirrored)"
   refused = plan.get("refused", {})
-  fitting = [(key, words, settings) for key, words, settings in STAGE_ROWS
+  fitting = [(key, words, settings) for key, _, words, settings in STAGE_ROWS
              if key in plan and plan[key].total <= capacity]
   passed_over = [f"{words} would fit, but {settings} refuses this model: {refused[key]}"
                  for key, words, settings in fitting if key in refused]
@@ -324,8 +326,7 @@ def render(plan: dict, capacity: int | None = None) -> str:
                  f"{_mib(m.optimizer):>12}{_mib(m.activations):>13}{_mib(m.working):>12}"
                  f"{_mib(m.update):>12}{_mib(m.total):>12}")
   row("data parallel, each", plan["data_parallel"])
-  for key, label in (("sharded", "  optimizer sharded"), ("sharded_gradients",
-                     "  + gradients sharded"), ("sharded_parameters", "  + weights sharded")):
+  for key, label, *_ in STAGE_ROWS:
     if key in plan:
       row(label, plan[key])
   for k, m in enumerate(plan["split"]):
