@@ -9,13 +9,19 @@ from every variable its process holds); examples/s; the ratio to the unsharded r
 
 Bytes each replica sends per step, from the ring model: unsharded, an all-reduce of the
 gradients, 2(N-1)/N x G; stage 1, that plus an all-gather of the weights, (N-1)/N x W; stage 2,
-a reduce-scatter, (N-1)/N x G, plus the all-gather; stage 3, the same two (the weights gathered
-before the step instead of after it).
+a reduce-scatter, (N-1)/N x G, plus the all-gather; stage 3, the reduce-scatter and an
+all-reduce of the weights, 2(N-1)/N x W (gathered a bucket at a time in the step: each
+replica's part placed in zeros).
 
 With `--cap` (N logical CPUs of one process, TensorFlow's CPU allocator with statistics, BFC):
-each setup's allocator peak over the fit, then each trained again under a cap on that
-allocator (`TF_CPU_BFC_MEM_LIMIT_IN_MB`) set halfway between stage 3's peak and the lowest
-other's: which train and which run out of memory.
+the MLP deepened to `CAP_DEPTH` hidden layers (8.16 M parameters, 31.1 MiB of float32, so that
+the model's state, not the input pipeline, fills the process) on `CAP_SAMPLES` examples; each
+setup's allocator peak over the fit, then each trained again under a cap on that allocator
+(`TF_CPU_BFC_MEM_LIMIT_IN_MB`) 2 MiB under the lowest peak but stage 3's: no other setup's
+bytes in use fit under it, whatever the allocator does; whether stage 3's do with BFC's
+regions and their fragments (a cap halfway between the peaks, 29 MiB above stage 3's, ran
+out: its regions grow by doubling, and a 16 MiB buffer fits only in a region with 16 MiB
+free in one piece).
 
 With `--peak` (processes only, TensorFlow's CPU allocator with statistics, BFC): each
 worker's allocator peak over the steps of epoch 2 and over its whole fit, the most of any
@@ -49,9 +55,10 @@ STAGES = {"unsharded": {}, "stage 1": {"shard_optimizer": "true"},
 def sent(stage: str, n: int) -> float:
   gradients = (n - 1) / n * GRADIENT_BYTES
   return {"unsharded": 2 * gradients, "stage 1": 3 * gradients,
-          "stage 2": 2 * gradients, "stage 3": 2 * gradients}[stage]
+          "stage 2": 2 * gradients, "stage 3": 3 * gradients}[stage]
 
 
+CAP_DEPTH, CAP_SAMPLES = 8, 2048
 ROWS = {"unsharded": "data_parallel", "stage 1": "sharded", "stage 2": "sharded_gradients",
         "stage 3": "sharded_parameters"}
 
@@ -94,14 +101,15 @@ def peaks(n: int) -> list[str]:
 
 
 def capped(n: int) -> list[str]:
-  """Rows of each stage on `n` logical CPUs of one process: its allocator peak over the fit,
-  and whether it trains under a cap between stage 3's peak and the lowest other's."""
-  os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+  """Rows of each stage on `n` logical CPUs of one process (the deep MLP): its allocator peak
+  over the fit, and whether it trains under a cap just under the lowest peak but stage 3's."""
+  os.environ.update(TF_CPU_ALLOCATOR_USE_BFC="true", BENCH_DEPTH=str(CAP_DEPTH),
+                    SAMPLES=str(CAP_SAMPLES))
   config = f"strategy: mirrored\ndevices: {{logical_cpus: {n}}}\n"
   found = {stage: value(run(config + training(TRAINING, **settings), "train", 1,
                             all_cores=True), "PEAK_BYTES") for stage, settings in STAGES.items()}
   lowest_other = min(peak for stage, peak in found.items() if stage != "stage 3")
-  cap = (found["stage 3"] + lowest_other) / 2
+  cap = lowest_other - (2 << 20)
   if cap <= found["stage 3"]:
     return [f"| {n} | stage 3's peak is not the lowest here: no cap only it fits |"]
   os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = str(int(cap / 2**20))
@@ -113,15 +121,19 @@ def capped(n: int) -> list[str]:
                   f"{'trained' if 'EXAMPLES_PER_SECOND' in output else 'out of memory'} |")
     return rows
   finally:
-    del os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"]
+    for name in ("TF_CPU_BFC_MEM_LIMIT_IN_MB", "BENCH_DEPTH", "SAMPLES"):
+      del os.environ[name]
 
 
 def main(argv):
   del argv
   if FLAGS.cap:
-    print(f"Adam, benchmark MLP ({GRADIENT_BYTES // 4:,} parameters, "
-          f"{GRADIENT_BYTES / 2**20:.2f} MiB of float32), N replicas in one process\n")
-    print("| N | setup | allocator peak over the fit | cap | under the cap |\n|---|---|---|---|---|")
+    from benchmarks import common
+    deep = common.parameters(CAP_DEPTH)
+    print(f"Adam, the MLP {CAP_DEPTH} layers deep ({deep:,} parameters, {deep * 4 / 2**20:.1f} "
+          f"MiB of float32), {CAP_SAMPLES} examples, N replicas in one process\n")
+    print("| N | setup | allocator peak over the fit | cap | under the cap |\n"
+          "|---|---|---|---|---|")
     print("\n".join(row for n in FLAGS.replicas for row in capped(int(n))))
     return
   if FLAGS.peak:

@@ -24,19 +24,19 @@ def data(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
-def model_fn():
-  """An MLP 784-1024-1024-10 (1.86 M parameters)."""
+def model_fn(depth: int = 2):
+  """An MLP 784-1024-1024-10 (1.86 M parameters; `depth` hidden layers of 1024)."""
   import keras
   return keras.Sequential([
       keras.Input((INPUTS,)),
-      keras.layers.Dense(HIDDEN, activation="relu"),
-      keras.layers.Dense(HIDDEN, activation="relu"),
+      *(keras.layers.Dense(HIDDEN, activation="relu") for _ in range(depth)),
       keras.layers.Dense(CLASSES),
   ])
 
 
-def parameters() -> int:
-  return INPUTS * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+def parameters(depth: int = 2) -> int:
+  return INPUTS * HIDDEN + HIDDEN + (depth - 1) * (HIDDEN * HIDDEN + HIDDEN) + \
+      HIDDEN * CLASSES + CLASSES
 
 
 def compile_args():

@@ -7,13 +7,15 @@ its threads; BENCH_ALL_CORES=1: not pinned). Modes:
              variable of the process, after the fit) and `HELD_BYTES x` (every variable a
              replica holds as training ends, its weights among them: stage 3's are sharded
              until `tfdist.fit` ends); with TF_CPU_ALLOCATOR_USE_BFC=true also `PEAK_BYTES x`
-             (TensorFlow's CPU allocator's peak over the whole fit, this process)
+             (TensorFlow's CPU allocator's peak over the whole fit, this process);
+             BENCH_DEPTH=k: k hidden layers (default 2), SAMPLES=n: n examples
   allreduce  all-reduces float32 tensors of growing sizes with the config's implementation;
              worker 0 prints `ALLREDUCE <bytes> <seconds per all-reduce>`
 
   python -m benchmarks.scaling_task train|allreduce   (under tfdist launch, or alone)
 """
 
+import functools
 import json
 import os
 import statistics
@@ -35,7 +37,8 @@ def train(config):
   timer = common.EpochTimer()
   steps_peak = _steps_peak() if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else None
   held = _held_as_training_ends()
-  history = tfdist.fit(common.model_fn, x, y, config=config, compile=common.compile_args,
+  model_fn = functools.partial(common.model_fn, int(os.environ.get("BENCH_DEPTH", "2")))
+  history = tfdist.fit(model_fn, x, y, config=config, compile=common.compile_args,
                        callbacks=[timer, held] + ([steps_peak] if steps_peak else []),
                        verbose=0, shuffle=False)
   losses = history.history["loss"]

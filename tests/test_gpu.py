@@ -1,6 +1,7 @@
 """On a machine with 1 to 8 GPUs (`pytest -m gpu`; skipped elsewhere): two local workers get
 their GPUs (one shared, or one each), a model compiled with Keras's defaults splits over two logical GPUs and trains, mirrored
-runs over logical GPUs, and `auto` precision is measured on the GPU. Every run goes through the
+runs over logical GPUs (ZeRO stages 2 and 3 too), and `auto` precision is measured on the
+GPU. Every run goes through the
 launcher with the machine's GPUs given back (the rest of the suite hides them). Each program
 prints where each weight lives (which would read CPU without a GPU), and the training is
 compared with plain Keras on this process's CPU."""
@@ -72,6 +73,21 @@ def test_mirrored_over_two_logical_gpus_trains_as_plain_keras(tmp_path):
   assert "mirrored, 2 replicas" in output
   where = placed(output)
   assert len(where) == 4 and all(d == {"GPU:0", "GPU:1"} for d in where.values()), where
+  assert_plain_keras(tmp_path / "out")
+
+
+@pytest.mark.parametrize("sharded", ["shard_gradients: true", "shard_gradients: true, "
+                                     "shard_parameters: true"], ids=["stage_2", "stage_3"])
+def test_zero_stages_over_two_logical_gpus_train_as_plain_keras(tmp_path, sharded):
+  """ZeRO stages 2 and 3 (issue 62) on GPUs: the gradients' reduce-scatter (an all-to-all) and
+  stage 3's all-reduced buckets run on the GPUs' collectives, and the weights are plain
+  Keras's."""
+  training = FLOAT32.replace("}", f", shard_optimizer: true, {sharded}}}")
+  output = launch(tmp_path, "strategy: mirrored\ndevices: {logical_gpus: 2}\n" + training,
+                  str(PROGRAMS / "user_script.py"), str(tmp_path / "out"))
+  assert "weights sharded" in output or "shard_parameters" not in sharded, output[-3000:]
+  where = placed(output)
+  assert all(d == {"GPU:0", "GPU:1"} for d in where.values()), where
   assert_plain_keras(tmp_path / "out")
 
 

@@ -261,7 +261,10 @@ def test_the_estimate_says_which_zero_stage_makes_a_model_fit():
           "sharded_parameters": 3 * shard}  # Weights (or their shard) and Adam's 2 slots.
   passes = {"sharded": whole.activations + whole.working,
             "sharded_gradients": whole.activations + whole.working,
-            "sharded_parameters": whole.activations + whole.working + weights}  # Gathered.
+            # Gathered a bucket at a time, each freed as its gradients appear: the largest
+            # bucket (a run of weights closed at a piece or more) and its all-reduce's input.
+            "sharded_parameters": whole.activations + whole.working
+            + 2 * min(weights, largest + piece)}
   update = {"sharded": 2 * weights + 3 * shard + largest + 4 * piece,
             "sharded_gradients": 2 * shard + 2 * piece + 3 * shard + largest + 4 * piece,
             "sharded_parameters": 2 * shard + 2 * piece + 3 * shard}

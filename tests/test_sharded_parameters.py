@@ -135,6 +135,27 @@ class _Seen(keras.callbacks.Callback):
     self.weights.append(self.model.get_weights())
 
 
+def test_a_step_gathers_the_weights_a_bucket_at_a_time():
+  """Stage 3 on 2 logical CPUs, an MLP of nine weights (eight of 1 MiB or more,
+  `step_peak`'s deep one): TensorFlow traced all-reduces of the weights that take in each
+  weight once per replica, none more than its largest weight and 1 MiB (a bucket, freed once
+  the backward pass leaves it), not the whole model in one (which a step would hold beside the
+  whole gradients), and no all-reduce of the gradients; the weights are plain Keras's (1e-5)."""
+  import json
+  from tests.programs import step_peak
+  done = forked.run([sys.executable, "-m", "tests.programs.step_peak", "2", "parameters",
+                     "deep"], env=ENV, cwd=REPO, timeout=240)
+  assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+  found = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+               if line.split(" ", 1)[0].isupper() and " " in line)
+  assert float(found["MAX_DIFF"]) < 1e-5, done.stdout[-3000:]
+  sizes = [int(np.prod(w.shape)) for w in step_peak.model_fn(deep=True).trainable_weights]
+  total, largest = (json.loads(found[k])["CollectiveReduceV2"]
+                    for k in ("COLLECTIVES", "LARGEST_COLLECTIVES"))
+  assert total == 2 * sum(sizes), (total, sizes)  # Each weight once a replica: no gradients.
+  assert largest <= max(sizes) + (1 << 20) // 4 < sum(sizes), (largest, sizes)
+
+
 def test_a_read_outside_a_step_gathers_that_weight_not_the_whole_model():
   """Keras's `get_weights` (and a checkpoint) reads weight by weight: each read gathers the
   replicas' parts of that weight, padded to the longest (2 replicas: at most twice its size),

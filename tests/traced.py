@@ -9,7 +9,8 @@ import numpy as np
 
 @contextlib.contextmanager
 def collectives():
-  """Yields {(op type, input dtype): elements}, filled while the block traces functions."""
+  """Yields {(op type, input dtype): elements}, filled while the block traces functions, and
+  {("largest", op type): the most elements one op of the type takes in}."""
   from tensorflow.python.framework import op_callbacks
   found: dict = {}
 
@@ -20,6 +21,7 @@ def collectives():
       key = (op_type, tensor.dtype.name)
       elements = int(np.prod(tensor.shape)) if tensor.shape.is_fully_defined() else 0
       found[key] = found.get(key, 0) + elements
+      found["largest", op_type] = max(found.get(("largest", op_type), 0), elements)
     return outputs
   op_callbacks.add_op_callback(seen)
   try:
@@ -31,6 +33,13 @@ def collectives():
 def by_type(found: dict) -> dict:
   """{op type: elements}, the dtypes summed."""
   totals: dict = {}
-  for (op_type, _), elements in found.items():
-    totals[op_type] = totals.get(op_type, 0) + elements
+  for (op_type, dtype), elements in found.items():
+    if op_type != "largest":
+      totals[op_type] = totals.get(op_type, 0) + elements
   return totals
+
+
+def largest(found: dict) -> dict:
+  """{op type: the most elements one op of the type takes in}."""
+  return {op_type: elements for (first, op_type), elements in found.items()
+          if first == "largest"}

@@ -12,20 +12,26 @@ device after the same steps), and `FIT_TRANSIENT_BYTES x`: the same peak over st
 allocator held at once over those steps (the variables, the step's buffers and the input
 pipeline's together: what `tfdist estimate` totals, the pipeline apart), and `READ_COPY_BYTES x`: the most a read of one
 of the model's trained weights allocates (0 unless the variable was left in TensorFlow's
-copy-on-read mode, where every read, each forward pass's included, copies it whole).
+copy-on-read mode, where every read, each forward pass's included, copies it whole);
+`COLLECTIVES {op type: elements}` and `LARGEST_COLLECTIVES {op type: the most one op takes
+in}` of the fit's traced functions (`tests.traced`).
 
-Usage: python -m tests.programs.step_peak N off|optimizer|gradients|parameters (under `tfdist
-launch`: the launched config's strategy and training, each task its own process's figures)"""
+Usage: python -m tests.programs.step_peak N off|optimizer|gradients|parameters [mlp|deep]
+(under `tfdist launch`: the launched config's strategy and training, each task its own
+process's figures; deep: 8 hidden layers of 512, 8 weights of 1 MiB)"""
 
+import functools
+import json
 import os
 import sys
 
 
-def model_fn():
+def model_fn(deep: bool = False):
   import keras
   keras.utils.set_random_seed(1)
-  return keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu"),
-                           keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(8)])
+  hidden = [512] * 8 if deep else [1024, 1024]  # Deep: 8 weights of 1 MiB, 8.6 MiB in all.
+  return keras.Sequential([keras.Input((1024,)), *(keras.layers.Dense(units, activation="relu")
+                                                   for units in hidden), keras.layers.Dense(8)])
 
 
 def compile_args():
@@ -34,11 +40,12 @@ def compile_args():
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
-def main(replicas: str, mode: str) -> None:
+def main(replicas: str, mode: str, model: str = "mlp") -> None:
   import keras
   import numpy as np
   import tensorflow as tf
   import tfdist
+  from tests import traced
 
   config = tfdist.load_config() if tfdist.task() else {  # Launched: the cluster's config.
             "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
@@ -60,8 +67,13 @@ def main(replicas: str, mode: str) -> None:
 
     def on_train_end(self, logs=None):
       measured["peak"] = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-  model = tfdist.fit(model_fn, np.concatenate([x, x]), np.concatenate([y, y]), config=config,
-                     shuffle=False, verbose=0, callbacks=[Peak()], compile=compile_args).model
+  build = functools.partial(model_fn, model == "deep")
+  with traced.collectives() as collectives:
+    model = tfdist.fit(build, np.concatenate([x, x]), np.concatenate([y, y]), config=config,
+                       shuffle=False, verbose=0, callbacks=[Peak()], compile=compile_args).model
+  for name, found in (("COLLECTIVES", traced.by_type(collectives)),
+                      ("LARGEST_COLLECTIVES", traced.largest(collectives))):
+    print(f"{name} {json.dumps(found, separators=(',', ':'))}", flush=True)
   print(f"FIT_TRANSIENT_BYTES {measured['peak'] - measured['held']}", flush=True)
   print(f"FIT_PEAK_BYTES {measured['peak']}", flush=True)
   copies = []
@@ -84,7 +96,7 @@ def main(replicas: str, mode: str) -> None:
   print(f"TRANSIENT_BYTES {peak - held}", flush=True)
   print(f"WEIGHT_BYTES {sum(w.numpy().nbytes for w in model.weights)}", flush=True)
   # The reference: plain Keras on one device, the same batches in the same order.
-  plain = model_fn()
+  plain = build()
   plain.compile(**compile_args())
   plain.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=32, epochs=1,
             shuffle=False, verbose=0)

@@ -267,7 +267,7 @@ DECISIONS: dict[str, Decision] = {
         **_SHARDING,
         checked_by=("test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",)),
     "training.shard_parameters": Decision(
-        "each replica holds 1/N of the weights, gathered whole for each step (ZeRO stage 3)",
+        "each replica holds 1/N of the weights, gathered a bucket at a time each step (ZeRO stage 3)",
         **_SHARDING,
         checked_by=("test_sharded_optimizer.py::test_stage_3_equals_plain_keras_and_each_device_holds_one_nth",)),
     "training.gradient_compression": Decision(

@@ -267,8 +267,8 @@ class TrainingConfig:
       all-reduce's traffic) instead of the whole sum, so the reduced gradients take 1/N of the
       bytes on each replica; the weights are the unsharded run's.
     shard_parameters: also shard the weights (ZeRO stage 3; needs `shard_gradients`): each
-      replica holds 1/N of the trainable weights, all-gathered whole for each step and
-      updated shard by shard; `tfdist.fit` gives the model its whole weights back when it
+      replica holds 1/N of the trainable weights, gathered a bucket (about 1 MiB) at a time for
+      each step, each freed once the backward pass is past it, and updated shard by shard; `tfdist.fit` gives the model its whole weights back when it
       ends (`tfdist.training.sharded_parameters`).
     gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
       network; the sum is rounded to that precision, as Horovod's fp16 compression) under

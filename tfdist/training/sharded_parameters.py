@@ -6,14 +6,18 @@ The weights are laid end to end and cut as stages 1 and 2 cut them (`reduce_scat
 shard_size`, TensorFlow's ring chunks): one variable of a shard's size per replica
 (`Parameters.flat`, a mirrored variable whose component on replica r holds r's shard). The
 model's own Keras variables keep their names, shapes and dtypes but hold no value
-(`_Sharded`): the first read of any of them in a step, in a replica, all-gathers the shards
-(one collective of the whole model, the launcher's all-gather) and every read of the step
-takes its piece of that (a view of it); a `tf.GradientTape` watches the piece as it would the variable, so Keras's
-`train_step`, a subclass's own and a `tfdist.TrainingLoop` step run unchanged. The optimizer
-(stage 2's) reduce-scatters each replica's gradients, updates its shard of the weights in the
-shard variable and drops the step's gathered weights. The step holds the whole model's
-weights gathered (once) through its forward and backward passes, not a layer at a time; they
-are freed before the gradients' reduction (`tfdist.training.sharding_memory`).
+(`_Sharded`). The weights are gathered in buckets, runs of consecutive weights of
+`sharded_optimizer.PIECE_BYTES` or more (PyTorch FSDP's units, by size): the first read of a
+weight in a step, in a replica, gathers its bucket (an all-reduce of each replica's part of
+it, placed in zeros), and every read of the step takes its piece of that (a view of it); a
+`tf.GradientTape` watches the piece as it would the variable, so Keras's `train_step`, a
+subclass's own and a `tfdist.TrainingLoop` step run unchanged. The optimizer (stage 2's)
+reduce-scatters each replica's gradients, updates its shard of the weights in the shard
+variable and drops the step's gathered weights. A bucket lives until the last op that reads
+it: the backward pass's product with its weights, so buckets are freed as the gradients
+appear and a step holds the whole weights once, not beside the whole gradients (the whole
+model in one gather held both: `tfdist.training.sharding_memory`). Nothing is recomputed:
+FSDP's re-gather in the backward pass would need each layer's forward pass run again.
 
 Reads outside a step (`get_weights`, `numpy`, `model.save`, a checkpoint) gather the variable's
 value across the replicas (under multi_worker_mirrored a collective: every worker reads, as
@@ -149,10 +153,11 @@ def describe(model) -> str | None:
   held = getattr(model, "_tfdist_parameters", None)
   if held is None:
     return None
-  whole = sum(held.sizes) * held.itemsize
+  whole, buckets = sum(held.sizes) * held.itemsize, len(held.buckets)
   return (f"weights sharded over {held.replicas} replicas, "
-          f"{(whole - held.size * held.itemsize) / 2**20:.2f} MiB less on each, gathered whole "
-          "for each step (training.shard_parameters: false)")
+          f"{(whole - held.size * held.itemsize) / 2**20:.2f} MiB less on each, gathered in "
+          f"{buckets} bucket{'s' if buckets > 1 else ''} a step "
+          "(training.shard_parameters: false)")
 
 
 class Parameters:
@@ -169,6 +174,10 @@ class Parameters:
     self.itemsize = np.dtype(self.dtype).itemsize
     self.size = reduce_scatter.shard_size(sum(self.sizes), self.replicas, self.itemsize)
     self.launchers = reduce_scatter.replica_launchers(strategy)
+    self.starts = [int(a) for a in np.cumsum([0, *self.sizes])]
+    self.buckets = _buckets(self.sizes, max(1, sharded_optimizer.PIECE_BYTES // self.itemsize))
+    self.bucket_of = {i: k for k, (first, end) in enumerate(self.buckets)
+                      for i in range(first, end)}
     whole = np.concatenate([np.reshape(v.numpy(), -1) for v in self.variables])
     whole = np.pad(whole, [0, self.size * self.replicas - whole.size])
     with strategy.scope():  # Under multi_worker_mirrored a collective: every worker makes it.
@@ -188,7 +197,7 @@ class Parameters:
 
   def read(self, index: int) -> tf.Tensor:
     """Weight `index`'s value where it is read: in a replica, its piece of the step's gathered
-    weights (gathered at the first read); elsewhere gathered for this read."""
+    bucket (gathered at the bucket's first read); elsewhere gathered for this read."""
     if not (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False
             and tf.distribute.get_strategy() is self.strategy):
       return self._whole(index)
@@ -199,14 +208,31 @@ class Parameters:
     else:
       graph = _step_graph()
       cache, around = self._gathered.setdefault(graph, {}), graph.as_default()
-    if device not in cache:
+    bucket = self.bucket_of[index]
+    if (device, bucket) not in cache:
       with around:  # In a loop's body (an RNN's scan) the step's graph gathers; the body captures.
-        # The shards are of one length: the launcher's collective alone, without its public
-        # `all_gather`'s padding and unpadding (a concatenation: the weights gathered twice).
-        whole = self.launchers[device]._all_gather(  # pylint: disable=protected-access
-            self.components[device].read_value(), None)
-        cache[device] = self._pieces(whole)
-    return cache[device][index]
+        cache[device, bucket] = self._gather_bucket(device, bucket)
+    return cache[device, bucket][index - self.buckets[bucket][0]]
+
+  def _gather_bucket(self, device: str, bucket: int) -> list[tf.Tensor]:
+    """The pieces of bucket `bucket`'s weights, gathered in replica `device`: each replica puts
+    its part of the bucket's span in a buffer of zeros the span's length, and an all-reduce
+    sums them (each element is one replica's: the sum is its value, bit for bit). The span
+    lies across one or two replicas' shards, so an all-gather of equal parts would move N
+    times it; the all-reduce moves 2(N-1)/N times it."""
+    first, end = self.buckets[bucket]
+    a, b = self.starts[first], self.starts[end]
+    r = self.replica_of[device]
+    lo, hi = max(a, r * self.size), min(b, (r + 1) * self.size)
+    if hi > lo:
+      part = self.components[device][lo - r * self.size:hi - r * self.size]
+      buffer = tf.pad(part, [[lo - a, b - hi]])
+    else:  # `Empty` is stateful: zeros of a constant (or of padding an empty slice) would be
+      # folded into the graph by grappler and held between steps (measured: 4 MiB more).
+      buffer = tf.raw_ops.Empty(shape=[b - a], dtype=self.dtype, init=True)
+    span = self.launchers[device].all_reduce(buffer)
+    return [tf.reshape(span[self.starts[i] - a:self.starts[i + 1] - a], self.shapes[i])
+            for i in range(first, end)]
 
   def whole_values(self) -> list[tf.Tensor]:
     """Every weight's whole value, from one gather of the shards."""
@@ -285,6 +311,20 @@ class Parameters:
   def release(self) -> None:
     self.flat = self.components = None
     self._gathered, self._eager = weakref.WeakKeyDictionary(), {}
+
+
+def _buckets(sizes: list[int], least: int) -> list[tuple[int, int]]:
+  """The weights (by index, in order) in runs gathered together: (first, end) of each run,
+  each closed once it holds `least` elements or more, the last whatever is left."""
+  runs, first, held = [], 0, 0
+  for index, size in enumerate(sizes):
+    held += size
+    if held >= least:
+      runs.append((first, index + 1))
+      first, held = index + 1, 0
+  if first < len(sizes):
+    runs.append((first, len(sizes)))
+  return runs
 
 
 @functools.cache

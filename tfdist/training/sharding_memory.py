@@ -13,11 +13,13 @@ each term below is a buffer TensorFlow's profiler showed alive at a sharded step
   gathered piece of every replica's shard (`sharded_optimizer.PIECE_BYTES` each);
 - stage 2: instead of the all-reduce, the reduced shard (its pieces, then their
   concatenation) and one all-to-all's buffers (sent and received: `PIECE_BYTES` in all);
-- stage 3: stage 2's update without writing the weights back (the shard is written whole),
-  and the whole weights gathered for the forward and backward passes (`working`), which are
-  freed before the reduction begins: its peak is the larger phase, not their sum. `working`
-  keeps the unsharded step's own too (the update copies of its largest weight where they are
-  more than the passes' working memory, `StepTensors.working`): a bound.
+- stage 3: stage 2's update without writing the weights back (the shard is written whole);
+  in the passes, the weights gathered a bucket at a time (`sharded_parameters`: a run of
+  weights of `PIECE_BYTES` or more) and each bucket freed once the backward pass is past its
+  weights, as their gradients appear: with the whole gradients, a bucket more (and its
+  all-reduce's input) in `working`, not the whole weights twice. `working` keeps the unsharded
+  step's own too (the update copies of its largest weight where they are more than the
+  passes' working memory, `StepTensors.working`): a bound.
 
 ```python
 plan = estimate_memory(model, batch=256, devices=1, replicas=4)
@@ -69,7 +71,8 @@ def stage_rows(plan: dict) -> dict[str, DeviceMemory]:
       update=2 * whole.gradients + update_shard + write_back)
   stage_2 = dataclasses.replace(
       stage_1, update=2 * shard + scattered_piece + update_shard + write_back)
+  bucket = min(trainable, largest + PIECE_BYTES)  # A bucket closes at PIECE_BYTES or more.
   stage_3 = dataclasses.replace(
-      stage_2, weights=whole.weights - trainable + shard, working=whole.working + trainable,
+      stage_2, weights=whole.weights - trainable + shard, working=whole.working + 2 * bucket,
       update=2 * shard + scattered_piece + update_shard)
   return {"sharded": stage_1, "sharded_gradients": stage_2, "sharded_parameters": stage_3}
