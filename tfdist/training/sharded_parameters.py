@@ -217,9 +217,9 @@ class Parameters:
   def _gather_bucket(self, device: str, bucket: int) -> list[tf.Tensor]:
     """The pieces of bucket `bucket`'s weights, gathered in replica `device`: each replica puts
     its part of the bucket's span in a buffer of zeros the span's length, and an all-reduce
-    sums them (each element is one replica's: the sum is its value, bit for bit). The span
-    lies across one or two replicas' shards, so an all-gather of equal parts would move N
-    times it; the all-reduce moves 2(N-1)/N times it."""
+    sums them (each element is one replica's: the sum is its value; a -0.0 reads +0.0). A
+    span smaller than a shard lies across one or two replicas' shards, so an all-gather of
+    equal parts would move N times it; the all-reduce moves 2(N-1)/N times it."""
     first, end = self.buckets[bucket]
     a, b = self.starts[first], self.starts[end]
     r = self.replica_of[device]
