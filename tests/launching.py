@@ -87,3 +87,12 @@ def run_launch(tmp_path, config_text, program, *args, flags=(), env=None):
       os.killpg(process.pid, signal.SIGKILL)
       process.wait()
   return process.returncode, output
+
+
+def printed(stdout: str) -> dict[str, list[str]]:
+  """{NAME: [each task's value]} of a program's `NAME value` lines ("[worker-0] " launched)."""
+  found: dict[str, list[str]] = {}
+  for words in map(str.split, stdout.splitlines()):
+    if len(words) >= 2 and words[-2].isupper():
+      found.setdefault(words[-2], []).append(words[-1])
+  return found

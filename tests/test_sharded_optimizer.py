@@ -18,7 +18,7 @@ import tfdist
 from tfdist.training import keras_fixes, sharded_optimizer
 from tfdist.testing import forked
 from tests.conftest import REPO
-from tests.launching import ENV
+from tests.launching import ENV, printed
 from tests.programs import custom_loop, sharded_bytes, sparse_sharded, step_peak
 from tests.tiers import all_but
 
@@ -450,7 +450,7 @@ def test_stage_2_in_pieces_equals_plain_keras(tmp_path, replicas_as):
   read of a 4 MiB kernel before, measured). Across processes, `tfdist estimate`'s stage-2 row
   bounds each worker's measured peak over the fit, 0.9-1.35x (measured 0.98-1.23x)."""
   done = _step_peak(tmp_path, "gradients", replicas_as)
-  found = _printed(done.stdout)
+  found = printed(done.stdout)
   shard = int(found["WEIGHT_BYTES"][0]) / 2
   assert shard > 3 * sharded_optimizer.PIECE_BYTES, shard  # Several pieces.
   assert float(found["MAX_DIFF"][0]) < 1e-5, done.stdout[-3000:]
@@ -468,7 +468,7 @@ def test_stage_3s_estimate_is_each_workers_measured_peak(tmp_path):
   before, stage 2's plus a shard, was 0.80-0.89x; stage 2's own, which counted 1/N of the
   gradients, 0.60-0.67x)."""
   done = _step_peak(tmp_path, "parameters", "processes")
-  found = _printed(done.stdout)
+  found = printed(done.stdout)
   assert float(found["MAX_DIFF"][0]) < 1e-5, done.stdout[-3000:]
   _assert_estimated(found, "sharded_parameters")
 
@@ -486,15 +486,6 @@ def _step_peak(tmp_path, mode: str, replicas_as: str):
   done = forked.run(program, env=ENV, cwd=REPO, timeout=240)
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
   return done
-
-
-def _printed(stdout: str) -> dict[str, list[str]]:
-  """{NAME: [each task's value]} of the program's `NAME value` lines ("[worker-0] " launched)."""
-  found: dict[str, list[str]] = {}
-  for words in map(str.split, stdout.splitlines()):
-    if len(words) >= 2 and words[-2].isupper():
-      found.setdefault(words[-2], []).append(words[-1])
-  return found
 
 
 def _assert_estimated(found: dict, row: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 import tfdist
 from tfdist.testing import forked
 from tests.conftest import REPO
-from tests.launching import ENV
+from tests.launching import ENV, printed
 from tests.programs import custom_loop, custom_train_step
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
@@ -146,8 +146,7 @@ def test_a_step_gathers_the_weights_a_bucket_at_a_time():
   done = forked.run([sys.executable, "-m", "tests.programs.step_peak", "2", "parameters",
                      "deep"], env=ENV, cwd=REPO, timeout=240)
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-  found = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-               if line.split(" ", 1)[0].isupper() and " " in line)
+  found = {name: values[0] for name, values in printed(done.stdout).items()}
   assert float(found["MAX_DIFF"]) < 1e-5, done.stdout[-3000:]
   sizes = [int(np.prod(w.shape)) for w in step_peak.model_fn(deep=True).trainable_weights]
   total, largest = (json.loads(found[k])["CollectiveReduceV2"]

@@ -230,9 +230,7 @@ class Parameters:
     else:  # `Empty` is stateful: zeros of a constant (or of padding an empty slice) would be
       # folded into the graph by grappler and held between steps (measured: 4 MiB more).
       buffer = tf.raw_ops.Empty(shape=[b - a], dtype=self.dtype, init=True)
-    span = self.launchers[device].all_reduce(buffer)
-    return [tf.reshape(span[self.starts[i] - a:self.starts[i + 1] - a], self.shapes[i])
-            for i in range(first, end)]
+    return self._pieces(self.launchers[device].all_reduce(buffer), first, end)
 
   def whole_values(self) -> list[tf.Tensor]:
     """Every weight's whole value, from one gather of the shards."""
@@ -256,8 +254,7 @@ class Parameters:
   def _spans(self, index: int) -> list[tuple[int, int, int]]:
     """Each replica's part of weight `index`, in replica order: (where it starts in the
     replica's shard, where it starts in the weight, its length: 0 where it holds none)."""
-    begin = sum(self.sizes[:index])
-    end = begin + self.sizes[index]
+    begin, end = self.starts[index], self.starts[index + 1]
     spans = []
     for r in range(self.replicas):
       lo, hi = max(begin, r * self.size), min(end, (r + 1) * self.size)
@@ -276,12 +273,14 @@ class Parameters:
     with progress.collective(progress.Collective.SHARDED_GATHER):
       return self.shards._gather(self.strategy, local)  # pylint: disable=protected-access
 
-  def _pieces(self, whole):
-    """Each weight's piece of the gathered `whole`: a slice, which TensorFlow's CPU and GPU
-    kernels hand out as a view where it starts and ends on 64 bytes (`tf.split` of a vector
+  def _pieces(self, flat, first: int = 0, end: int | None = None) -> list[tf.Tensor]:
+    """The pieces of weights `first` to `end` (all by default) of the gathered `flat`, which
+    holds them end to end from weight `first`'s start: slices, which TensorFlow's CPU and GPU
+    kernels hand out as views where they start and end on 64 bytes (`tf.split` of a vector
     copies every piece: the gathered weights held twice, measured)."""
-    starts = np.cumsum([0, *self.sizes])
-    return [tf.reshape(whole[a:a + n], s) for a, n, s in zip(starts, self.sizes, self.shapes)]
+    at = self.starts[first]
+    return [tf.reshape(flat[self.starts[i] - at:self.starts[i + 1] - at], self.shapes[i])
+            for i in range(first, len(self.sizes) if end is None else end)]
 
   def forget(self) -> None:
     """Drops the gathered weights of the graph being traced (and eager ones): the shards were
