@@ -65,7 +65,8 @@ def _runs_tests(config) -> bool:
 # tests/test_preload.py runs both kinds.
 _SHARED = []
 PROGRAM_SWITCHES = (
-    "CHIEF_END_S", "CONFIG", "COORDINATOR_LOG", "CSV_LOG", "GONE", "GONE_AT", "GO_FILE",
+    "CHIEF_DELAY", "CHIEF_END_S", "CONFIG", "COORDINATOR_LOG", "CSV_LOG", "DIE", "GONE",
+    "GONE_AT", "GO_FILE",
     "HANG_AT", "HANG_IN", "HANG_MARKER", "KILL_AT", "LATE_STACKS", "LOOP", "MARKER", "MIDWAY",
     "ONCE", "OWN_STEP", "PAUSE", "PAUSE_AFTER_EPOCH", "PAUSE_AT", "PHASE_AUDIT", "RAISE_AT",
     "SLOW_EPOCH_END", "STAGE", "STEPS", "STEPS_PER_EXECUTION", "STEP_LINES", "TRAIN_STEP")
@@ -283,6 +284,17 @@ def _checkpoint_save_restored():
   own = tf.train.Checkpoint.save
   yield
   tf.train.Checkpoint.save = own
+
+
+@pytest.fixture(autouse=True)
+def _unseeded_keras():
+  """Each test starts as a fresh script does, Keras's global seed unset: a config's
+  `training.seed` gives way to a seed the script set itself (`settings.seed`), and a seed an
+  earlier test set in this process is no script's."""
+  from keras.src.utils import rng_utils
+  from keras.src.backend.common import global_state
+  global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, None)
+  yield
 
 
 @pytest.fixture(autouse=True)

@@ -178,3 +178,38 @@ def test_an_empty_replica_batch_from_a_dataset_is_explained():
     (54, 16, 4, 52), (55, 16, 4, 55), (49, 16, 1, 49)])
 def test_usable_count_leaves_out_only_what_would_empty_a_replica(count, batch, replicas, usable):
   assert usable_count(count, batch, replicas) == usable
+
+
+def _assert_built_as(want) -> None:
+  """`tfdist.fit` under `training.seed: 1` builds its model with the weights `want`."""
+  built = []
+
+  def model_fn():
+    model = dense_model()
+    built.append(model.get_weights())
+    return model
+  tfdist.fit(model_fn, X, Y, config=config(epochs=1, seed=1), compile=compile_args(), verbose=0)
+  for got, expected in zip(built[0], want, strict=True):
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_scripts_own_seed_wins_over_training_seed_and_the_start_line_says_so(capsys):
+  """Before, the shipped configs' `training.seed: 1` re-seeded Keras before `make_model`,
+  over the script's `keras.utils.set_random_seed(0)` (initial weights 0.83 apart), silently."""
+  keras.utils.set_random_seed(0)
+  want = dense_model().get_weights()  # Plain Keras, the script's seed.
+  keras.utils.set_random_seed(0)
+  _assert_built_as(want)
+  line = next(line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("tfdist: default"))
+  assert "Seeded by the script's seed 0 (keras.utils.set_random_seed), not training.seed 1." \
+      in line, line
+
+
+def test_training_seed_seeds_a_script_that_seeds_nothing():
+  keras.utils.set_random_seed(1)
+  want = dense_model().get_weights()
+  from keras.src.utils import rng_utils
+  from keras.src.backend.common import global_state
+  global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, None)  # A fresh script.
+  _assert_built_as(want)

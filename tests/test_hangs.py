@@ -45,7 +45,13 @@ _STUCK_IN = {
                "progress (epoch 2, after step 3), while worker-0 waits for it in call 9",
     Phase.EPOCH_END: "hang: worker-1 has been at its epoch's end for 31 s without progress "
                      "(epoch 2, after step 3), while worker-0 waits for it in call 9",
-    Phase.DONE: None,  # Its script's own end; the exit barrier times out by itself.
+    # Its script's own end, while its peer waits in a call it never entered (a chief-only
+    # model.predict after fit): named, the one waiting in the call.
+    Phase.DONE: "hang: worker-0 has waited in call 9 for 11 s, which worker-1 never entered: "
+                "it ended training and went on to its script's end. A collective called by "
+                "some workers only: under a strategy of several workers each one calls Keras's "
+                "predict, evaluate and a metric's result (each gets the whole result), not only "
+                "the chief",
 }
 _WHERE = {Phase.CALL: "", Phase.COLLECTIVE: Collective.PREEMPTION_AGREEMENT.value,
           Phase.OWN: "in on_train_batch_end callbacks", Phase.EPOCH_END: "at its epoch's end"}
@@ -61,7 +67,7 @@ def test_a_task_stuck_in_each_phase_is_named_or_left_to_its_own_deadline(phase):
   named = next((v for v in verdicts if v is not None), None)
   assert (named and named.describe()) == _STUCK_IN[phase]
   if named:
-    assert named.behind == "worker-1"
+    assert named.behind == ("worker-0" if phase == Phase.DONE else "worker-1")
     assert named.flag == ("--epoch-end-timeout" if phase == Phase.EPOCH_END else "--hang-timeout")
 
 

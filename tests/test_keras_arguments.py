@@ -152,6 +152,22 @@ def test_weights_of_a_dataset_or_generator_weigh_as_keras_does(weights, kind, st
   _assert_same(history, history.model, want_history, want_model)
 
 
+@pytest.mark.parametrize("kind,strategy", [("arrays", "default"), ("arrays", "mirrored"),
+                                           ("dataset", "mirrored"), ("generator", "default")])
+def test_class_weight_with_tensorboard_on_weighs_as_keras_does(kind, strategy, tmp_path):
+  """TensorBoard's step clock stamps each batch; Keras's class_weight maps each batch to
+  (x, y, weights). Before, arrays failed with "too many values to unpack (expected 2)" in
+  monitoring/step_times.py once both were on."""
+  want_history, want_model = _plain_case("class_weight")
+  data = {"arrays": (X, Y), "dataset": (_dataset(X, Y),), "generator": (_generator(X, Y),)}
+  given = dict(shuffle=False) if kind == "arrays" else dict(steps_per_epoch=ROWS // BATCH)
+  history = tfdist.fit(make_model, *data[kind],
+                       config={**config(strategy), "tensorboard": {"log_dir": str(tmp_path)}},
+                       epochs=EPOCHS, verbose=0, **given, **FIT_CASES["class_weight"])
+  _assert_same(history, history.model, want_history, want_model)
+  assert list(tmp_path.rglob("events.out.tfevents.*")), "TensorBoard wrote nothing"
+
+
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_evaluate_and_predict_arguments_have_their_keras_meaning(strategy):
   history = tfdist.fit(make_model, X, Y, config=config(strategy), epochs=1, shuffle=False,

@@ -10,6 +10,7 @@ import keras
 
 import tfdist
 from tfdist.testing.local_cluster import run_everywhere
+from tfdist.training import keras_fixes
 from tfdist.training.keras_fixes import without_fixes
 from tests.conftest import PROGRAMS, REPO
 from tests.programs.user_models import GuidesOwnStep
@@ -213,8 +214,11 @@ def _steps_of_each_epoch(fixed: bool) -> list[int]:
   from tensorflow.python.ops import resource_variable_ops
   from tfdist.training import keras_fixes
   passes = resource_variable_ops.ResourceVariable(1, dtype=tf.int64)
-  data = tf.data.Dataset.from_tensors(0).flat_map(lambda _: tf.data.Dataset.range(
-      passes.assign_add(1)).map(lambda i: (tf.ones((2, 1)), tf.ones((2, 1)))))
+
+  def a_longer_pass(_):  # A def, not a lambda: autograph re-parses a lambda's source line.
+    return tf.data.Dataset.range(passes.assign_add(1)).map(
+        lambda i: (tf.ones((2, 1)), tf.ones((2, 1))))
+  data = tf.data.Dataset.from_tensors(0).flat_map(a_longer_pass)
   model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
   model.compile("sgd", "mse")
   steps = []
@@ -253,3 +257,87 @@ def test_keras_takes_a_guides_own_train_step_logs_over_its_metrics_read_across_r
   assert keras.Model._get_metrics_result_or_logs(model, logs) is logs, \
       "Keras reads a guide's train_step's metrics itself: drop keras_fixes._synced_metrics_or_logs"
   assert set(keras_fixes._synced_metrics_or_logs(model, logs)) == {"loss", "mae"}
+
+
+def _custom_training_step(strategy, optimizer):
+  """TensorFlow's "Custom training with tf.distribute.Strategy" step: the optimizer first
+  applied inside the `tf.function`, replicated."""
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+  @tf.function
+  def step(x):
+    def replica(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x)))
+      optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+    strategy.run(replica, args=(x,))
+  return step
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_19246_an_optimizer_first_applied_in_a_replicated_step_fails_without_the_fix(
+    monkeypatch):
+  from keras.src.optimizers import base_optimizer
+  keras_fixes.install()
+  monkeypatch.setattr(base_optimizer.BaseOptimizer, "apply",
+                      base_optimizer.BaseOptimizer.apply.__wrapped__)  # Keras's own.
+  strategy = tfdist.mirrored(logical_cpus=2)
+  with strategy.scope():
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
+    _custom_training_step(strategy, optimizer)(tf.ones((8, 4)))
+    pytest.fail("keras#19246 looks fixed: drop keras_fixes.built_before_its_step")
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_an_optimizer_first_applied_in_a_replicated_step_trains_with_the_fix():
+  keras_fixes.install()
+  strategy = tfdist.mirrored(logical_cpus=2)
+  with strategy.scope():
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+  step = _custom_training_step(strategy, optimizer)
+  step(tf.ones((8, 4)))
+  step(tf.ones((8, 4)))
+  assert int(optimizer.iterations.numpy()) == 2 and optimizer.built
+
+
+class EncoderDecoder(keras.Model):
+  """keras-io's VAE's shape: two parts, its own `train_step`, no `call`."""
+
+  def __init__(self):
+    super().__init__()
+    self.encoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    self.decoder = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+
+  def train_step(self, data):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(self.decoder(self.encoder(data)) - data))
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+    return {"loss": loss}
+
+
+def _fit_encoder_decoder():
+  strategy = tfdist.mirrored(logical_cpus=2)
+  with strategy.scope():
+    model = EncoderDecoder()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3))
+  return model.fit(tf.ones((32, 4)), batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_keras_cannot_build_a_model_without_call_under_a_strategy_without_the_fix():
+  keras_fixes.install()
+  with pytest.raises(RuntimeError, match="does not have a `call"), without_fixes():
+    _fit_encoder_decoder()
+    pytest.fail("Keras builds a model without `call` under a strategy: drop "
+                "keras_fixes._optimizer_built")
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_model_without_call_trains_under_a_strategy_with_the_fix():
+  keras_fixes.install()
+  history = _fit_encoder_decoder()
+  assert len(history.history["loss"]) == 1

@@ -13,7 +13,7 @@ LAYERS = (
     {"strategy", "parallel", "serving", "data_service"},
     {"monitoring"},
     {"training", "launch"},
-    {"job_files", "testing"},
+    {"job_files", "testing", "launched"},
     {"cli"},
     {"tfdist", "__main__"},  # The package's own __init__ (the public API) and its entry point.
     {"examples", "script_hook"},  # A user's script, and what imports tfdist into one.

@@ -134,3 +134,41 @@ def test_the_matmul_peak_is_the_best_size_and_training_faster_than_it_raises_it(
   assert speed.raise_peak("float32", 4e9)
   assert speed.matmul_peak("float32").flops == 4e9  # Measured again: from the cache, raised.
   assert sorted(timed) == sorted(speed.PEAK_SIZES["CPU"])
+
+
+def _sampling_model():
+  """keras-io's VAE's sampling: the layer draws its own float32 noise with TensorFlow's ops and
+  multiplies it into its input (bfloat16 under a mixed policy): builds in float32 alone."""
+  import tensorflow as tf
+
+  class Sampling(keras.layers.Layer):
+    def call(self, z):
+      return z + tf.exp(0.5 * z) * tf.random.normal(tf.shape(z))
+
+  print("MODEL_FN", flush=True)
+  inputs = keras.Input((8,))
+  return keras.Model(inputs, keras.layers.Dense(1)(Sampling()(keras.layers.Dense(4)(inputs))))
+
+
+def test_auto_builds_in_float32_a_model_that_does_not_build_in_half_and_says_why_first(
+    bf16_cpu, capsys):
+  """Before, `auto`'s bfloat16 failed inside the user's model ("Input 'y' of 'Mul' Op has type
+  float32 that does not match type bfloat16") before any line had said bfloat16 was chosen."""
+  precision.policy_for("auto", measure=lambda half, device: 2.0)  # The machine's cache.
+  speed._MEMO.clear()
+  x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+  history = tfdist.fit(_sampling_model, x, x[:, :1], config={"strategy": "default"},
+                       compile={"optimizer": "sgd", "loss": "mse"}, batch_size=16, verbose=0)
+  assert np.isfinite(history.history["loss"]).all()
+  assert history.model.layers[1].dtype_policy.name == "float32"
+  lines = capsys.readouterr().out.splitlines()
+  said = [i for i, line in enumerate(lines) if line.startswith("tfdist: building the model in "
+                                                               "bfloat16 mixed precision (auto: ")]
+  fell = [i for i, line in enumerate(lines) if line.startswith(
+      "tfdist: the model did not build in bfloat16 mixed precision (")]
+  built = [i for i, line in enumerate(lines) if line == "MODEL_FN"]
+  assert said and fell and len(built) == 2, lines
+  assert said[0] < built[0] < fell[0] < built[1], lines  # Said before the model was built.
+  assert "does not match type bfloat16" in lines[fell[0]]
+  start = next(line for line in lines if line.startswith("tfdist: default"))
+  assert "float32: the model did not build in bfloat16" in start, start

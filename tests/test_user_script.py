@@ -143,7 +143,7 @@ def test_the_start_line_is_printed_once_and_the_progress_bar_counts_the_epoch(ru
 
 def test_a_generator_under_parameter_server_is_refused_in_one_line(runs):
   code, output, _ = runs("parameter_server", "generator")
-  assert code == 1  # The launch's: its root cause, the chief, exited 2.
+  assert code == 2  # The chief's usage error: no restart would mend it.
   assert ("tfdist: train_data: parameter-server workers cannot run the chief's Python (a "
           "generator or a keras.utils.PyDataset): pass a tf.data.Dataset built from arrays or "
           "files, or a dataset function. Received: a generator (TFDIST_TRACEBACK=1 shows the "

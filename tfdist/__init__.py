@@ -51,8 +51,10 @@ _RENAMED = {"serve": "run_cluster_server", "start_server": "start_cluster_server
 if _beat():  # A launched task tells its launcher it is alive, even while the strategy waits,
   _report_in_one_line()  # and says a refusal of tfdist's in one line.
 if _prepare():  # A launched task's strategy, before the script can start TensorFlow,
+  from tfdist import launched as _launched
   from tfdist.training.keras_fixes import install as _install_keras_fixes
-  _install_keras_fixes()  # and Keras's own fit/evaluate/predict fixed under it.
+  _install_keras_fixes()  # Keras's own fit/evaluate/predict fixed under it,
+  _launched.install(load_config())  # and a script's own strategy, files and saves.
 
 
 def __getattr__(name: str):

@@ -155,6 +155,24 @@ def own_code(where: str, epoch: int | None = None) -> None:
       _state["where"] = where
 
 
+@contextlib.contextmanager
+def keras_call(method: str):
+  """Keras's own `model.<method>` (evaluate, predict, a `*_on_batch`) of a model under a
+  replicated strategy, outside tfdist's own calls: a call whose steps are collectives, which
+  every worker must enter. The task is back in the phase it was in after (its script's end
+  stays its end)."""
+  with _lock:
+    before, where = Phase(_state["phase"]), _state["where"]
+    _state["begun"] += 1
+    _enter(Phase.CALL, f"Keras's model.{method}")
+  try:
+    yield
+  finally:
+    with _lock:
+      _state["finished"] = _state["begun"]
+      _enter(Phase.OWN if before == Phase.START else before, where)
+
+
 def epoch_end() -> None:
   """An epoch's end begins: the user's `on_epoch_end`, checkpoints (the epoch-end deadline)."""
   with _lock:

@@ -1,4 +1,5 @@
-"""What a Keras user brings, as a script: Keras's everyday fit arguments, a Metric subclass of
+"""What a Keras user brings, as a script: Keras's everyday fit arguments (weights on arrays,
+a dataset and a generator too), a Metric subclass of
 their own beside Keras's stateful AUC, Keras's own evaluate and predict on the model tfdist
 returns, a seeded dataset shuffle, a model of two inputs given as a list, and a model with its
 own `train_step` and `test_step` as Keras's "Customizing what happens in fit()" guide writes
@@ -117,6 +118,28 @@ FIT_CASES = {
 }
 
 
+def batches_of(*arrays):
+  return tf.data.Dataset.from_tensor_slices(arrays).batch(BATCH)
+
+
+def generator_of(*arrays):
+  def batches():
+    while True:
+      for first in range(0, ROWS, BATCH):
+        yield tuple(a[first:first + BATCH] for a in arrays)
+  return batches()
+
+
+# Keras's weights on the other input kinds: a dataset's own (x, y, sample_weight) batches, and
+# class_weight beside a dataset and a generator (plain Keras's reference: the dataset; its
+# generator adapter refuses class_weight, tfdist's dataset of the generator applies it).
+KIND_CASES = {
+    "sample_weight_dataset": (lambda: batches_of(X, Y, W), {}),
+    "class_weight_dataset": (lambda: batches_of(X, Y), FIT_CASES["class_weight"]),
+    "class_weight_generator": (lambda: generator_of(X, Y), FIT_CASES["class_weight"]),
+}
+
+
 def shuffled():
   """A seeded shuffle, made before any training as a script makes it."""
   return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(ROWS, seed=9).batch(BATCH)
@@ -186,6 +209,10 @@ def plain():
     model = make_model()
     report(case, model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                            **kwargs), model)
+  for case, (_, kwargs) in KIND_CASES.items():
+    model = make_model()
+    data = batches_of(X, Y, W) if case.startswith("sample") else batches_of(X, Y)
+    report(case, model.fit(data, epochs=EPOCHS, verbose=0, **kwargs), model)
   model = make_two_inputs()
   report_two_inputs(model.fit(TWO, Y, **TWO_FIT), model)
   model = make_model(own_step=True)
@@ -213,6 +240,11 @@ def distributed(only=()):
   for case, kwargs in FIT_CASES.items():
     if wanted(case):
       history = tfdist.fit(make_model, X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                           verbose=0, **kwargs)
+      report(case, history, history.model)
+  for case, (data, kwargs) in KIND_CASES.items():
+    if wanted(case):
+      history = tfdist.fit(make_model, data(), epochs=EPOCHS, steps_per_epoch=ROWS // BATCH,
                            verbose=0, **kwargs)
       report(case, history, history.model)
   if wanted("several_inputs"):

@@ -42,6 +42,8 @@ class StrategyKind:
       "worker" (one worker's GPUs: a parameter-server step runs on one worker).
     devices_option: the option naming the devices its replicas run on, if any.
     supports: the `FEATURES` it supports.
+    tf_class: the `tf.distribute` class a script makes for it itself, as a dotted path below
+      `tf.distribute` (None: the default strategy, which no script makes).
   """
   name: str
   options: type
@@ -50,6 +52,7 @@ class StrategyKind:
   replicas: Literal["one", "local", "workers", "worker"] = "one"
   devices_option: str | None = None
   supports: frozenset = frozenset()
+  tf_class: str | None = None
 
   @property
   def all_reduces_across_workers(self) -> bool:
@@ -65,15 +68,18 @@ def _kind(name, options, *supports, **facts) -> StrategyKind:
 
 KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
     _kind("default", schema.DefaultOptions, "split", "jit", "loss_scaling"),
-    _kind("one_device", schema.OneDeviceOptions, "jit", "loss_scaling"),
+    _kind("one_device", schema.OneDeviceOptions, "jit", "loss_scaling",
+          tf_class="OneDeviceStrategy"),
     _kind("mirrored", schema.MirroredOptions, "compression", "sharding", "loss_scaling",
-          replicas="local", devices_option="devices"),
+          replicas="local", devices_option="devices", tf_class="MirroredStrategy"),
     _kind("multi_worker_mirrored", schema.MultiWorkerMirroredOptions, "split", "compression",
-          "averaging", "sharding", "loss_scaling", across_workers=True, replicas="workers"),
+          "averaging", "sharding", "loss_scaling", across_workers=True, replicas="workers",
+          tf_class="MultiWorkerMirroredStrategy"),
     _kind("central_storage", schema.CentralStorageOptions, replicas="local",
-          devices_option="compute_devices"),
+          devices_option="compute_devices", tf_class="experimental.CentralStorageStrategy"),
     _kind("parameter_server", schema.ParameterServerOptions, "loss_scaling",
-          across_workers=True, asynchronous=True, replicas="worker"),
+          across_workers=True, asynchronous=True, replicas="worker",
+          tf_class="ParameterServerStrategy"),
 )}
 """Every strategy, by name, in the order messages list them."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED
+from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED, USAGE
 
 
 class State(enum.Enum):
@@ -218,7 +218,9 @@ def decide(event: Event, budget: Budget) -> Action:
   is left; one whose launcher is back is taken in if a restart is left (membership changes
   count against `--max-restarts`, as in torchrun; one lost while the next round is being
   opened joins that restart). A task whose failures caused `--max-restarts-per-task` restarts
-  is treated as with no restarts left. A launcher that follows the chief's rounds
+  is treated as with no restarts left. A task that exits with the usage code (tfdist refused
+  its config or input) ends the launch with it (2): a restart would be refused alike. A
+  launcher that follows the chief's rounds
   reports its task's failure or preemption and follows the next round; dropped from it, it
   ends (1).
 
@@ -265,6 +267,9 @@ def decide(event: Event, budget: Budget) -> Action:
     if left <= 0:
       return End(TASK_FAILED, f"{event.task} {event.how}")
     return RestartTask(event.task, left - 1)
+  if event.code == USAGE:  # tfdist refused the task's config or input: no restart mends it.
+    return End(USAGE, f"{event.task} refused its config or input (exit code {USAGE}); a "
+                      "restart would be refused alike")
   spent = budget.task_spent(event.task)
   if left > 0 and not spent:
     if event.alone:

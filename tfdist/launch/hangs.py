@@ -12,11 +12,14 @@ task behind it is, in order:
    (parameter-server training), the task behind the others (in an earlier call), or the
    one whose input stopped delivering batches in the call the others wait in;
 3. else every task waits in the same call: a peer on another host, or a collective that never
-   completes.
+   completes;
+4. a task waiting in a call or collective its peers never entered: they ended training (a
+   chief-only `model.predict` after fit).
 
 An epoch's end has its own, longer deadline. Start-up (until every task finished its first
 call: connecting, tracing) and a task's end (`Phase.DONE`) are not judged: the start-up
-deadline and the exit barrier's own time-out are theirs. Pure: the supervisor feeds it the time
+deadline and the exit barrier's own time-out are theirs, unless a peer waits in a collective
+meanwhile (4). Pure: the supervisor feeds it the time
 and the tasks' progress.
 
 ```python
@@ -31,7 +34,7 @@ import dataclasses
 import re
 from typing import Mapping
 
-from tfdist.progress import WAITS_FOR_PEERS, Phase
+from tfdist.progress import WAITS_FOR_PEERS, Collective, Phase
 
 SLOWEST_TIMES = 10  # A derived deadline: this many times the slowest such phase so far.
 HANG_FLOOR_S = 60.0
@@ -83,6 +86,9 @@ class Hang:
     flag: the flag setting the deadline it ran past.
     every_task_waits: no task is behind: each waits in the same call.
     peer_elsewhere: some of the cluster's tasks are not watched here (another host's).
+    never_entered: the tasks that ended their training (their script's end) without entering
+      the collective `behind` waits in: one some workers entered and others not (a chief-only
+      `model.predict`).
   """
   behind: str
   waited: float
@@ -93,9 +99,18 @@ class Hang:
   flag: str = "--hang-timeout"
   every_task_waits: bool = False
   peer_elsewhere: bool = False
+  never_entered: tuple[str, ...] = ()
 
   def describe(self) -> str:
     position = f"epoch {self.epoch + 1}, after step {self.step}"
+    if self.never_entered:
+      others = " and ".join(self.never_entered)
+      return (f"hang: {self.behind} has waited {self.where} for {self.waited:.0f} s, which "
+              f"{others} never entered: {'they' if len(self.never_entered) > 1 else 'it'} "
+              "ended training and went on to its script's end. A collective called by some "
+              "workers only: under a strategy of several workers each one calls Keras's "
+              "predict, evaluate and a metric's result (each gets the whole result), not only "
+              "the chief")
     if self.every_task_waits and self.peer_elsewhere:
       return (f"hang: every task here has waited {self.where} for {self.waited:.0f} s "
               f"({position}): a peer on another host never reached it, or its collective "
@@ -139,9 +154,12 @@ class HangWatch:
       return None
     phases = {n: Phase(p["phase"]) for n, p in known.items()}
     if any(p["finished"] < 1 for p in known.values()) or \
-        any(phase in (Phase.START, Phase.DONE) for phase in phases.values()):
-      return None  # Start-up and tracing, or a task's end: not judged.
+        any(phase == Phase.START for phase in phases.values()):
+      return None  # Start-up and tracing: not judged.
     waited = now - self._since
+    if (hang := self._never_entered(known, phases, waited)) is not None or \
+        any(phase == Phase.DONE for phase in phases.values()):
+      return hang  # A task's end is not judged, unless its peers wait in a call it left.
     waiting = sorted(n for n in known if phases[n] in WAITS_FOR_PEERS)
     peers = tuple((n, _place(known[n])) for n in waiting)
     for name in sorted(n for n in known if n not in waiting):  # Its own code.
@@ -173,6 +191,21 @@ class HangWatch:
     return Hang(behind, waited, _place(known[behind]), peers, int(known[behind]["epoch"]),
                 int(known[behind]["step"]), flag, every_task_waits=True,
                 peer_elsewhere=not self.whole_cluster)
+
+  def _never_entered(self, known, phases, waited) -> Hang | None:
+    """Tasks waiting in a call or collective past the deadline while every other ended its
+    training (its script's end, or tfdist's exit barrier there): a collective they never
+    entered."""
+    ended = tuple(sorted(n for n in known if phases[n] == Phase.DONE or
+                         known[n]["where"] == Collective.EXIT_BARRIER.value))
+    waiting = sorted(n for n in known if phases[n] in WAITS_FOR_PEERS and n not in ended)
+    deadline, flag = self.deadlines.of(Phase.CALL, known)
+    if not ended or not waiting or len(waiting) + len(ended) < len(known) or waited < deadline:
+      return None
+    name = waiting[0]
+    return Hang(name, waited, _place(known[name]),
+                tuple((n, _place(known[n])) for n in waiting[1:]), int(known[name]["epoch"]),
+                int(known[name]["step"]), flag, never_entered=ended)
 
   @staticmethod
   def _hang(name, task, waited, where, peers, flag) -> Hang:

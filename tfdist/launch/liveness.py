@@ -60,8 +60,10 @@ def start_from_environment(environ: MutableMapping[str, str] = os.environ) -> bo
   if not path:
     return False
 
-  # The launcher's hang deadline asks every task for its Python stacks with STACKS_SIGNAL.
+  # The launcher's hang deadline asks every task for its Python stacks with STACKS_SIGNAL; a
+  # task dying of a signal (SIGSEGV inside TensorFlow) leaves its stacks in its log too.
   faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+  faulthandler.enable(all_threads=True)
 
   def beat():
     while _write_beat(path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfdist.exit_codes import PREEMPTED
+from tfdist.exit_codes import PREEMPTED, USAGE
 from tfdist.launch.decisions import (Action, AllDone, Continue, End, Event, EvaluatorHung,
                                      Failed, FollowRound, GoOnWithout, Grow, Left, NewRound,
                                      Report, RestartCluster, RestartTask, StopAsked)
@@ -77,6 +77,8 @@ def decision_line(event: Event, action: Action, members: Members,
     return (f"the chief's launcher ended the launch: {action.message}" if event.ended else
             action.message)
   if isinstance(event, (Failed, EvaluatorHung)) and not isinstance(action, Report):
+    if isinstance(action, End) and action.code == USAGE:
+      return "a usage error, which no restart mends: stopping every task"
     if spent:
       return f"{event.task} may cause no more restarts (--max-restarts-per-task): stopping " \
              "every task"

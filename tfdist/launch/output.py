@@ -78,11 +78,12 @@ def terminal_line(raw: bytes, name: str) -> bytes:
 
 
 def tail(path: str, lines: int = _TAIL_LINES) -> str:
-  """The last `lines` lines of the log at `path`, indented."""
+  """The last `lines` lines of the log at `path`, indented; a line saying so where it has
+  none (a task dead of a signal before it wrote anything)."""
   count = lines
   try:
     with open(path, errors="replace") as f:
-      lines = f.read().splitlines()[-count:]
+      lines = f.read().splitlines()[-count:] or ["(nothing: the task wrote no output)"]
   except OSError:
     lines = ["(no log)"]
   return "\n".join("    " + line for line in lines)

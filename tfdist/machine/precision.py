@@ -78,10 +78,17 @@ class Precision:
     policy: the Keras dtype policy.
     measurement: for `auto`, the probe's `speed.Measurement` (None where no half type was a
       candidate, or the mode was not auto).
+    fell_back: why `auto`'s half precision was given up for float32 (the model did not build
+      in it), or None.
   """
   mode: str
   policy: str
   measurement: speed.Measurement | None = None
+  fell_back: str | None = None
+
+  def in_float32(self, why: str) -> "Precision":
+    """This choice given up for float32, saying `why`."""
+    return dataclasses.replace(self, policy=FLOAT32, fell_back=why)
 
   def measured(self) -> str | None:
     """What `auto` measured, for the start line: "bfloat16 measured 1.83x float32 on CPU

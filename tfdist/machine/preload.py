@@ -37,6 +37,7 @@ task.wait(); server.close()
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import shutil
@@ -528,9 +529,11 @@ def _run(request: dict, out: list[int], base: list[str], imported: dict[str, str
   tempfile.tempdir = None  # The import cached the server's TMPDIR: the task's is read again.
   unbuffered = argv[0] == "-u" or bool(env.get("PYTHONUNBUFFERED"))
   argv = argv[1:] if argv[0] == "-u" else argv
+  server_streams = {id(sys.stdout): 1, id(sys.stderr): 2}
   sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.open(0, "rb", closefd=False))
   sys.stdout = sys.__stdout__ = _stream(1, unbuffered, "strict", line=False)
   sys.stderr = sys.__stderr__ = _stream(2, unbuffered, "backslashreplace", line=True)
+  _log_handlers_to(server_streams)
   numpy = sys.modules.get("numpy")
   if numpy is not None:
     numpy.random.seed()  # Python's `random` reseeds itself in a fork; NumPy's does not.
@@ -539,6 +542,7 @@ def _run(request: dict, out: list[int], base: list[str], imported: dict[str, str
   first = os.getcwd() if module else os.path.dirname(os.path.realpath(argv[0]))
   sys.path[:] = [first, *path, *base]
   if env.get(_PREPARE_ENV) == "1":
+    faulthandler.enable(all_threads=True)  # A task dying of a signal leaves its stack.
     _import_tfdist_after(builtins)
   sys.argv = ["-m", *argv[2:]] if module else argv
   sys.modules["__main__"] = main = types.ModuleType("__main__")  # Not the server's.
@@ -570,6 +574,22 @@ def _run(request: dict, out: list[int], base: list[str], imported: dict[str, str
     with contextlib.suppress(Exception):
       stream.flush()
   return code
+
+
+def _log_handlers_to(server_streams: dict[int, int]) -> None:
+  """The logging handlers the server's imports made (TensorFlow's, absl's) write to the task's
+  `sys.stdout`/`sys.stderr`, as a fresh interpreter's would: left on the server's stream
+  objects, absl's handler took them for files of its own and closed them at exit, and each
+  warning of the task's teardown (an unrestored `tf.train.Checkpoint`'s) printed a "Logging
+  error" traceback."""
+  logging = sys.modules.get("logging")
+  if logging is None:
+    return
+  loggers = [logging.root, *logging.Logger.manager.loggerDict.values()]
+  for handler in [h for logger in loggers for h in getattr(logger, "handlers", [])]:
+    fd = server_streams.get(id(getattr(handler, "stream", None)))
+    if fd is not None:
+      handler.setStream(sys.stdout if fd == 1 else sys.stderr)
 
 
 def _run_file(path: str, main) -> None:

@@ -10,6 +10,7 @@ without the other half-imported (a script that imports keras first imports Tenso
 it). A `sitecustomize` found further on the path runs too, as without tfdist.
 """
 
+import faulthandler
 import importlib.abc
 import importlib.util
 import os
@@ -69,5 +70,6 @@ def _run_next_sitecustomize() -> None:
 
 
 if os.environ.get("TFDIST_PREPARE") == "1":
+  faulthandler.enable(all_threads=True)  # A task dying of a signal leaves its Python stack.
   sys.meta_path.insert(0, _ThenTfdist())
 _run_next_sitecustomize()

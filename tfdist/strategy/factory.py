@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -27,6 +28,7 @@ from tfdist.strategy.resolver import cluster_resolver
 # the first's ("Shape mismatch in the collective instance 100", measured with TF 2.21).
 _STRATEGIES: dict[str, Any] = {}
 _MIRRORED: dict[tuple, Any] = {}  # One MirroredStrategy per set of devices (_build_mirrored).
+_MAKING = threading.local()  # Set while tfdist itself makes a strategy (`making`).
 
 
 def make_strategy(config: ConfigLike = None):
@@ -62,8 +64,18 @@ def make_strategy(config: ConfigLike = None):
   key = repr((config.strategy.name, config.strategy.options, config.devices, config.cluster,
               config.task))
   if key not in _STRATEGIES:
-    _STRATEGIES[key] = _make(config)
+    _MAKING.depth = getattr(_MAKING, "depth", 0) + 1
+    try:
+      _STRATEGIES[key] = _make(config)
+    finally:
+      _MAKING.depth -= 1
   return _STRATEGIES[key]
+
+
+def making() -> bool:
+  """Whether tfdist is making a strategy in this thread now (a strategy's constructor called
+  then is tfdist's, not a script's own)."""
+  return getattr(_MAKING, "depth", 0) > 0
 
 
 def _make(config: Config):

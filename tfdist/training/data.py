@@ -54,9 +54,41 @@ def is_dataset_fn(data: Any) -> bool:
       len(inspect.signature(data).parameters) == 1
 
 
+def class_weighted(dataset, class_weight):
+  """`dataset` with `Model.fit`'s `class_weight` applied as Keras applies it, by Keras's own map
+  (`(x, y)` batches get the sample weights of their classes; a batch with weights of its own
+  is refused, as by Keras). tfdist applies it before its own steps on the dataset (the step
+  clock's stamps, which Keras's map took for the targets: "too many values to unpack").
+
+  Args:
+    dataset: a `tf.data.Dataset` of batches (else returned as it is).
+    class_weight: {class index: weight}, or None.
+
+  Returns:
+    The dataset of `(x, y, sample_weight)` batches, or `dataset` when `class_weight` is None.
+  """
+  if class_weight is None or not isinstance(dataset, tf.data.Dataset):
+    return dataset
+  from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+  return dataset.map(make_class_weight_map_fn(class_weight))
+
+
+def validation_dataset(validation_data, strategy, batch_size: int | None):
+  """The validation dataset of `validation_data`: `(x, y)` or `(x, y, sample_weight)` arrays
+  batched by `batch_size`, or a dataset as it comes (`make_dataset`, as Keras's evaluate reads
+  it)."""
+  if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
+    x, y, *weights = validation_data
+    return make_dataset(x, y, strategy=strategy, batch_size=batch_size, name="validation_data",
+                        sample_weight=(weights or [None])[0], method="evaluate")
+  return make_dataset(validation_data, strategy=strategy, batch_size=batch_size,
+                      name="validation_data", method="evaluate")
+
+
 def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool = False,
                  seed: int | None = None, first_epoch: int = 0, epochs: int | None = None,
-                 name: str = "x", then=None, sample_weight=None, method: str = "fit"):
+                 name: str = "x", then=None, sample_weight=None, class_weight=None,
+                 method: str = "fit"):
   """Returns what Keras's fit/evaluate/predict should receive for `x` (and `y`).
 
   Args:
@@ -77,6 +109,8 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
     name: the argument's name, for errors.
     then: a last transformation of the (per-worker) `tf.data.Dataset`, before the strategy
       distributes it.
+    class_weight: `Model.fit`'s: each batch's examples weighed by their class, by Keras's own
+      map (`class_weighted`), before `then` (the step clock's stamps).
     method: the Keras method that reads it ("fit", "evaluate" for fit's validation data too,
       "predict"): a PyDataset's hooks are called as that method calls them.
 
@@ -92,7 +126,7 @@ def make_dataset(x, y=None, *, strategy, batch_size: int | None, shuffle: bool =
   if sample_weight is not None and y is None:
     raise DataError(f"{name}: sample_weight needs the targets y beside it. Received: y=None")
   last = then or (lambda dataset: dataset)
-  then = lambda dataset: counted(last(dataset))  # noqa: E731
+  then = lambda dataset: counted(last(class_weighted(dataset, class_weight)))  # noqa: E731
   if is_dataset_fn(x):
     return strategy.distribute_datasets_from_function(lambda context: then(x(context)))
   if isinstance(x, tf.distribute.DistributedDataset):

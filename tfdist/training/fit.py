@@ -15,6 +15,7 @@ from tfdist.config.loader import FRESH_ENV
 from tfdist.config.roles import is_chief
 from tfdist.config.schema import Config
 from tfdist.errors import ConfigError, ModelError
+from tfdist.machine.precision import FLOAT32
 from tfdist.config.loader import ConfigLike, as_config
 from tfdist.data_service import reading
 from tfdist.strategy.factory import make_strategy
@@ -26,7 +27,8 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
         batch_size: int | None = None, epochs: int | None = None,
         steps_per_epoch: int | None = None, shuffle: bool = True, validation_data=None,
         validation_split: float = 0.0, validation_batch_size: int | None = None,
-        sample_weight=None, initial_epoch: int = 0, callbacks=None, **fit_kwargs):
+        sample_weight=None, class_weight=None, initial_epoch: int = 0, callbacks=None,
+        **fit_kwargs):
   """Builds the model in the config's strategy scope, compiles it and fits it.
 
   The same call serves every task of a cluster: under the sync strategies every task trains;
@@ -59,10 +61,12 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
     validation_batch_size: the global batch of array validation data; default the training
       batch.
     sample_weight: weights of the examples of array input, as for `Model.fit`.
+    class_weight: {class: weight}, each example's loss weighed by its class, as for
+      `Model.fit` (whatever the input: Keras's own map of its batches).
     initial_epoch: the epoch to start at, as for `Model.fit` (a resumed backup's, when later).
     callbacks: Keras callbacks.
-    **fit_kwargs: any other keyword argument of `Model.fit` (`verbose`, `class_weight`,
-      `validation_steps`, `validation_freq`), with its Keras meaning; what each argument does
+    **fit_kwargs: any other keyword argument of `Model.fit` (`verbose`, `validation_steps`,
+      `validation_freq`), with its Keras meaning; what each argument does
       under each path is `tfdist.training.keras_arguments.FIT`.
 
   Returns:
@@ -91,7 +95,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
   paths = settings.paths_of(config, settings.FIT)
   settings.refuse_keras_distribution(paths)
   settings.refuse_unhonoured(config, paths)
-  given = {**fit_kwargs, "sample_weight": sample_weight,
+  given = {**fit_kwargs, "sample_weight": sample_weight, "class_weight": class_weight,
            "validation_batch_size": validation_batch_size}
   keras_arguments.refuse("fit", given, keras_arguments.PARAMETER_SERVER
                          if settings.PARAMETER_SERVER in paths else keras_arguments.SYNCHRONOUS)
@@ -101,7 +105,7 @@ def fit(model_fn: Callable[[], Any], train_data=None, y=None, *, config: ConfigL
       train_data, y, sample_weight, validation_split=validation_split,
       validation_data=validation_data)
   inputs = _Inputs(train_data, y, sample_weight, validation_data, validation_batch_size,
-                   initial_epoch)
+                   initial_epoch, class_weight)
   with settings.holding_checkpoint_dir(config):
     return _fit(model_fn, inputs, config, compile, batch_size, epochs, steps_per_epoch,
                 shuffle, callbacks, fit_kwargs)
@@ -116,21 +120,21 @@ class _Inputs:
   validation_data: Any
   validation_batch_size: int | None
   initial_epoch: int
+  class_weight: Any = None
 
 
 def _fit(model_fn, inputs: _Inputs, config: Config, compile, batch_size, epochs,
          steps_per_epoch, shuffle, callbacks, fit_kwargs):
   """`fit`'s steps, in order."""
-  from tfdist.training import dtype_policy, user_files
-  from tfdist.training.data import is_arrays
+  from tfdist.training import data, dtype_policy, user_files
   train_data, y, validation_data = inputs.train_data, inputs.y, inputs.validation_data
-  run = _start(model_fn, compile, config, batch_size, epochs, is_arrays(train_data))
+  run = _start(model_fn, compile, config, batch_size, epochs, data.is_arrays(train_data))
   run.validation_batch = inputs.validation_batch_size or run.global_batch
   if run.evaluator:
     from tfdist.training.evaluator import evaluate_checkpoints
-    return evaluate_checkpoints(run.model, _validation(validation_data, run.strategy,
-                                                       run.validation_batch),
-                                config=config, epochs=run.epochs)
+    return evaluate_checkpoints(
+        run.model, data.validation_dataset(validation_data, run.strategy, run.validation_batch),
+        config=config, epochs=run.epochs)
   _prepare_data(run, inputs, shuffle, steps_per_epoch)
   _announce(run)
   callbacks = _callbacks(run, callbacks)
@@ -155,7 +159,8 @@ class _Run:
   chosen: Any = None  # The machine.precision.Precision the model trains in.
   built_with: str = "float32"  # The user's dtype policy, given back after training.
   installed: settings.Installed = settings.Installed(fused=None, accumulation=1, averaging=None)
-  shuffle_seed: int | None = None  # training.seed: the arrays' shuffle.
+  shuffle_seed: int | None = None  # training.seed, or the script's own: the arrays' shuffle.
+  seed_note: str | None = None  # The start line's: the script's seed, not training.seed.
   global_batch: int | None = None
   epochs: int = 1
   validation_batch: int | None = None
@@ -198,13 +203,13 @@ def _start(model_fn, compile, config: Config, batch_size: int | None, epochs: in
   strategy = make_strategy(config)  # An evaluator's is the default strategy.
   keras_fixes.install()  # Keras's own methods on the model fixed too.
   user_files.checkpoints_on_chief_only(config)  # A script's own tf.train.Checkpoint.
-  shuffle_seed = settings.seed(config)
+  seeded = settings.seed(config)
   hybrid = _hybrid(config)
   if hybrid:  # The strategy joined the cluster; each worker's split model is built outside it.
     import tensorflow as tf
     strategy = tf.distribute.get_strategy()
   run = _Run(config, strategy, hybrid, epochs=settings.epochs(config, epochs))
-  run.shuffle_seed = shuffle_seed
+  run.shuffle_seed, run.seed_note = seeded.value, seeded.note
   run.global_batch = settings.global_batch(config, run.replicas, batch_size, arrays)
   _build(run, model_fn, compile)
   return run
@@ -250,13 +255,13 @@ def _prepare_data(run: _Run, inputs: _Inputs, shuffle: bool,
     run.clock.time_all_reduce(run.optimizer)
   service = settings.data_service(config)
   if service and not run.asynchronous:  # The parameter-server loop reads its own way.
-    run.train = _served(run, train_data, service)
+    run.train = _served(run, data.class_weighted(train_data, inputs.class_weight), service)
   else:
     run.train = None if run.asynchronous else data.make_dataset(
         train_data, y, strategy=run.strategy, batch_size=run.global_batch, shuffle=shuffle,
         seed=run.shuffle_seed, first_epoch=run.first_epoch,
         epochs=None if endless else run.epochs, name="train_data",
-        sample_weight=inputs.sample_weight,
+        sample_weight=inputs.sample_weight, class_weight=inputs.class_weight,
         then=(run.hybrid and run.hybrid.worker_slice) or (run.clock and run.clock.stamped))
   run.epoch_steps = _steps_in_an_epoch(run.train, steps_per_epoch)
   run.steps_per_epoch = steps_per_epoch
@@ -347,6 +352,7 @@ def _announce(run: _Run) -> None:
       sharded=sharded_parameters.describe_sharding(
           run.optimizer, run.model.trainable_variables, [run.model]),
       shuffled_arrays=run.shuffled_arrays, shuffled_batches=run.shuffled_batches,
+      seed_note=run.seed_note,
       data_workers=config.cluster.data_worker if run.served else 0,
       passes=config.data_service.passes))
   if run.resumed:
@@ -388,12 +394,12 @@ def _bracketed(run: _Run, callbacks) -> list:
 def _fit_on_parameter_servers(run: _Run, train_data, y, validation_data, callbacks,
                               fit_kwargs):
   from tfdist.monitoring import tensorboard
-  from tfdist.training import parameter_server
+  from tfdist.training import data, parameter_server
   history = parameter_server.fit(
       run.model, run.strategy, train_data, y, batch_size=run.global_batch, epochs=run.epochs,
       initial_epoch=run.first_epoch, steps_per_epoch=run.steps_per_epoch,
       steps_per_execution=run.model.steps_per_execution,
-      validation=_validation(validation_data, None, run.validation_batch),
+      validation=data.validation_dataset(validation_data, None, run.validation_batch),
       callbacks=_bracketed(run, callbacks), source=run.config.source,
       report=tensorboard.scalars_sink(callbacks), service=settings.data_service(run.config),
       **_ps_kwargs(fit_kwargs, run.config))
@@ -405,7 +411,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
   """Keras's fit, once, or twice after a preemption mid-epoch (`_parts`)."""
   from tfdist.training import data, keras_fixes, replica_math
   model = run.model
-  validation = _validation(validation_data, run.strategy, run.validation_batch)
+  validation = data.validation_dataset(validation_data, run.strategy, run.validation_batch)
   own_step = not run.hybrid and run.replicas > 1 and not keras_fixes.keras_train_step(model)
   if own_step:
     _one_device_arithmetic(model, run.optimizer,
@@ -499,8 +505,7 @@ def _build(run: _Run, model_fn, compile) -> None:
   run.chosen = settings.precision(config)
   run.built_with = settings.given_back_policy(run.chosen)
   with strategy.scope():
-    with dtype_policy.building_with(run.chosen.policy):
-      model = model_fn()
+    model = _built_in_precision(run, model_fn)
     _require_model(model)
     from tfdist.training import in_scope
     in_scope.require_built_in_scope(
@@ -521,6 +526,46 @@ def _build(run: _Run, model_fn, compile) -> None:
     settings.shard_parameters([model], model.optimizer, strategy, config)
     if config.parallel.enabled:
       _split(run)
+
+
+def _built_in_precision(run: _Run, model_fn):
+  """`model_fn()` under the precision the config chose, said first by the chief when tfdist
+  chose it; a model that does not build in a half precision `auto` chose (a layer mixing its
+  own float32 tensors with bfloat16 ones, as keras-io's VAE sampling does) is built in float32
+  instead, said in one line: `auto` never turns a float32 model into an error."""
+  from tfdist.training import dtype_policy, report
+  chosen, chief = run.chosen, is_chief(run.config)
+  if chief:
+    report.say(report.precision_line(chosen))
+  try:
+    with dtype_policy.building_with(chosen.policy):
+      return model_fn()
+  except Exception as error:  # noqa: BLE001  Whatever the model's code raised in half.
+    if chosen.mode != "auto" or chosen.policy == FLOAT32:
+      raise
+    why = _first_words(error)
+    run.chosen = chosen.in_float32(why)
+    run.built_with = FLOAT32
+    if chief:
+      report.say(report.precision_line(run.chosen))
+    with dtype_policy.building_with(FLOAT32):
+      return model_fn()
+
+
+def _first_words(error: Exception) -> str:
+  """An error's type and its innermost line, without the frames Keras wraps around a layer's
+  error ("Exception encountered when calling X.call()", its own "Error encountered:", the
+  arguments received)."""
+  import itertools
+  import re
+  lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()
+           if line.strip()]
+  called = re.match(r"Exception encountered when calling (\S+?)\.?$", lines[0]) if lines else None
+  if called and len(lines) > 1:
+    own = list(itertools.takewhile(lambda line: not line.startswith("Arguments received"),
+                                   lines[1:]))
+    lines = [f"in {called.group(1)}: {own[-1] if own else lines[1]}"]
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:240]
 
 
 def _require_model(model) -> None:
@@ -756,20 +801,6 @@ def _steps_in_an_epoch(dataset, steps_per_epoch: int | None) -> int | None:
   import tensorflow as tf
   count = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -1
   return count if count > 0 else None
-
-
-def _validation(validation_data, strategy, batch_size):
-  """The validation dataset of `validation_data`: `(x, y)` or `(x, y, sample_weight)` arrays
-  batched by `batch_size`, or a dataset as it comes."""
-  from tfdist.training import data
-
-  if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
-    x, y, *weights = validation_data
-    return data.make_dataset(x, y, strategy=strategy, batch_size=batch_size,
-                             name="validation_data", sample_weight=(weights or [None])[0],
-                             method="evaluate")
-  return data.make_dataset(validation_data, strategy=strategy, batch_size=batch_size,
-                           name="validation_data", method="evaluate")
 
 
 def _ps_kwargs(fit_kwargs: Mapping[str, Any], config: Config) -> dict:

@@ -69,7 +69,9 @@ FIT: dict[str, Argument] = {
     "shuffle": Argument(TFDIST, "array `x`, or a PyDataset's batches, shuffled each epoch by "
                         "(training.seed, epoch), the same order on every worker; a dataset is "
                         "kept as it comes"),
-    "class_weight": Argument(KERAS, "each example's loss weighed by its class",
+    "class_weight": Argument(TFDIST, "each example's loss weighed by its class, by Keras's own "
+                             "map of the batches (of arrays, a dataset, a dataset function, a "
+                             "generator or a PyDataset), before tfdist's own steps on them",
                              refused={PARAMETER_SERVER: _PS_KERAS_LOOP}),
     "sample_weight": Argument(TFDIST, "zipped with array `x` and `y` (a dataset carries its "
                               "own, as a third element)",

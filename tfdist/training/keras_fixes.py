@@ -21,8 +21,10 @@ import keras
 import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
 from keras.src.backend.tensorflow import trainer as tf_trainer
+from keras.src.optimizers import base_optimizer
 from keras.src.trainers import trainer
 
+import tfdist.progress as progress
 from tfdist.strategy import gradient_reduction
 from tfdist.training import accumulation
 
@@ -50,6 +52,12 @@ def _central_storage(strategy) -> bool:
 _inside = threading.local()  # Set while fixed_for holds: Keras's methods are already fixed.
 
 
+def fixing() -> bool:
+  """Whether Keras's methods run inside one of tfdist's own calls in this thread (`tfdist.fit`,
+  `evaluate`, `predict`: they are fixed there, and their callbacks prepared)."""
+  return getattr(_inside, "fixing", False)
+
+
 def install() -> None:
   """Runs Keras's own `Model.fit`, `evaluate` and `predict`, for every model built under a
   replicated strategy (mirrored, multi_worker_mirrored, central_storage), inside `fixed_for`;
@@ -70,7 +78,35 @@ def install() -> None:
   # On the class that defines it: Keras's `compile_from_config` (`load_model`) compiles only a
   # model whose class's `compile` is `Trainer.compile` (else it takes it for a user's own).
   trainer.Trainer.compile = _compiled_in_its_scope(trainer.Trainer.compile)
+  base_optimizer.BaseOptimizer.apply = built_before_its_step(base_optimizer.BaseOptimizer.apply)
   keras.Model._tfdist_fixed = True
+
+
+def built_before_its_step(apply):
+  """keras-team/keras#19246: a Keras optimizer applied first inside a `tf.function` under a
+  strategy of several replicas (the step of TensorFlow's "Custom training with
+  tf.distribute.Strategy" tutorial, unchanged) creates its slots in the trace; TensorFlow
+  initialises them in a cond where the replicas' initializers meet an unfed placeholder ("You
+  must feed a value for placeholder tensor 'cond/else/_1/cond/Placeholder_1'"), in plain
+  TensorFlow too. Built first, eagerly in the strategy's scope (as tf-keras built its slots
+  under `init_scope`). tests/test_keras_fixes.py runs the step unfixed: delete this once it
+  trains."""
+  @functools.wraps(apply)
+  def apply_built(optimizer, grads, trainable_variables=None):
+    if not optimizer.built and trainable_variables is not None and tf.inside_function() and \
+        tf.distribute.has_strategy():
+      strategy = tf.distribute.get_strategy()
+      if _replicated(strategy) and strategy.num_replicas_in_sync > 1:
+        variables = list(trainable_variables)
+
+        def build(_):  # Once, across the replicas, outside the trace.
+          with tf.init_scope(), strategy.scope():
+            optimizer.build(variables)
+          optimizer.built = True
+        context = tf.distribute.get_replica_context()
+        build(strategy) if context is None else context.merge_call(build)
+    return apply(optimizer, grads, trainable_variables)
+  return apply_built
 
 
 def _compiled_in_its_scope(compile_method):
@@ -162,15 +198,23 @@ def _with_fixes(method):
     strategy = getattr(model, "_distribute_strategy", None)
     if getattr(_inside, "fixing", False) or strategy is None or not _replicated(strategy):
       return method(model, *args, **kwargs)
-    given = inspect.signature(method).bind_partial(model, *args, **kwargs).arguments
-    if method.__name__ == "fit":
+    bound = inspect.signature(method).bind_partial(model, *args, **kwargs)
+    given, fitting = bound.arguments, method.__name__ == "fit"
+    if fitting:
       steps, test_steps = given.get("steps_per_epoch"), given.get("validation_steps")
     else:
       steps, test_steps = None, given.get("steps")
-    with fixed_for(model, strategy, steps, test_steps=test_steps,
-                   training=method.__name__ == "fit"), \
+    watched = progress.watched()
+    if fitting and watched:  # The launcher's hang watch sees Keras's own loop, as tfdist.fit's.
+      from tfdist.training.progress_callback import progress_callbacks
+      first, last = progress_callbacks(given.get("initial_epoch") or 0)
+      bound.arguments["callbacks"] = [first, *(given.get("callbacks") or []), last]
+      args, kwargs = bound.args[1:], bound.kwargs
+    with fixed_for(model, strategy, steps, test_steps=test_steps, training=fitting), \
         own_test_step_losses(model, strategy) if method.__name__ == "evaluate" \
-        else _one_batch_distributed(model, strategy, method.__name__):
+        else _one_batch_distributed(model, strategy, method.__name__), \
+        progress.keras_call(method.__name__) if watched and not fitting \
+        else contextlib.nullcontext():
       return method(model, *args, **kwargs)
   return call
 
@@ -292,6 +336,9 @@ def fixed_for(model, strategy, steps_per_epoch: int | None = None, clock=None,
     model._make_function = types.MethodType(
         lambda self, step: _make_function_looping_in_graph(self, step, steps_per_epoch, clock,
                                                            test_steps), model)
+  elif "_make_function" in vars(model):  # Another call's loop (a fit's step clock): Keras's own.
+    del model._make_function, model._tfdist_limits
+    model.train_function = model.test_function = model.predict_function = None
   weigh_output_losses_by_rows(model)
   multi_worker = _BROKEN and in_multi_worker_mode(strategy)
   # keras-team/keras#20585: the symbolic build reduces the (x, y) PerReplica batch with
@@ -509,9 +556,23 @@ def _build(self, iterator, data_batch, *, stamped: bool, local_replica: bool,
     data_batch = tf.nest.map_structure(lambda s: _Spec(tuple(s.shape), s.dtype),
                                        spec[0] if stamped else spec)
     with self.distribute_strategy.scope():
-      self._symbolic_build(data_batch=data_batch)
+      if type(self).call is keras.Model.call and not keras_train_step(self):
+        _optimizer_built(self)
+      else:
+        self._symbolic_build(data_batch=data_batch)
   if summed_deltas:
     sum_deltas(self.metrics_variables)  # keras#21054.
+
+
+def _optimizer_built(model) -> None:
+  """What Keras's symbolic build makes of a model without a `call`, whose own `train_step` uses
+  its parts (keras-io's VAE: an encoder and a decoder): the optimizer, and nothing to call.
+  Keras's build calls the model ("Model VAE does not have a `call()` method implemented":
+  "Unable to automatically build the model") under any strategy; on one device it builds
+  nothing before the step. No upstream issue found; tests/test_keras_fixes.py fails once
+  Keras builds such a model."""
+  if model.optimizer is not None and not model.optimizer.built:
+    model.optimizer.build(model.trainable_variables)
 
 
 class _Spec:

@@ -117,7 +117,7 @@ class TrainingLoop:
     self.strategy = make_strategy(self.config)
     keras_fixes.install()  # Keras's own methods of models built in the loop's scope, fixed.
     user_files.checkpoints_on_chief_only(self.config)  # A script's own tf.train.Checkpoint.
-    settings.seed(self.config)  # The loop shuffles no arrays: the user's dataset does.
+    self._seeded = settings.seed(self.config)  # No arrays to shuffle: the user's dataset is.
     self.asynchronous = strategies.kind(self.config.strategy.name).asynchronous
     self.replicas = self.strategy.num_replicas_in_sync
     self.global_batch_size = settings.global_batch(self.config, self.replicas)
@@ -149,7 +149,7 @@ class TrainingLoop:
         strategy_name=self.config.strategy.name, replicas=self.replicas,
         global_batch=self.global_batch_size, precision=self.precision,
         steps_per_execution=self._steps_per_call, fused=self._fused,
-        accumulation=self._accumulation,
+        accumulation=self._accumulation, seed_note=self._seeded.note,
         sharded=self._sharded, data_workers=self.config.cluster.data_worker if self._service
         else 0, passes=self.config.data_service.passes))
 

@@ -22,7 +22,7 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                  precision: "precision_lib.Precision", steps_per_execution: int,
                  fused: str | None, accumulation: int, sharded: str | None = None,
                  shuffled_arrays: bool = False, shuffled_batches: bool = False,
-                 data_workers: int = 0,
+                 seed_note: str | None = None, data_workers: int = 0,
                  passes: str = "shared") -> str:
   """The start-of-fit line: the strategy, replicas and batch, then each choice tfdist made
   that plain Keras would not, with the config key that turns it off, and what `auto`
@@ -36,6 +36,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
     why = f"auto: {measured}; " if measured else ""
     unlike.append(f"{precision.policy.removeprefix('mixed_')} mixed precision "
                   f"({why}training.mixed_precision: off for float32)")
+  elif precision.fell_back:
+    head += f" float32: the model did not build in {precision.measurement.half} (said above)."
   elif measured:  # auto measured half precision and kept float32: say so.
     head += (f" float32: {measured}, not faster (training.mixed_precision: "
              f"{precision.measurement.half} forces it).")
@@ -50,6 +52,8 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
                   "(training.gradient_accumulation_steps: 1)")
   if sharded:
     unlike.append(sharded)
+  if seed_note:
+    head += f" Seeded by {seed_note}."
   if shuffled_arrays:
     unlike.append("arrays shuffled by (training.seed, epoch): one order on every worker and "
                   "replica count, not Keras's (shuffle=False: the arrays' own order)")
@@ -66,6 +70,21 @@ def choices_line(*, strategy_name: str, replicas: int, global_batch: int | None,
 
 _PASSES = {"shared": "one pass shared by every trainer",
            "per_trainer": "a whole pass for each trainer (data_service.passes: per_trainer)"}
+
+
+def precision_line(precision: "precision_lib.Precision") -> str | None:
+  """Said before the model is built: the precision tfdist chose for it (`auto`'s half type), or
+  why the model was built in float32 after all; None where the config asked for the policy
+  itself (off, bfloat16, float16) or `auto` kept float32. Pure."""
+  if precision.fell_back:
+    return (f"tfdist: the model did not build in {precision.measurement.half} mixed precision "
+            f"({precision.fell_back}): built in float32 instead (training.mixed_precision: off "
+            "says float32 at once; a layer computing its own float32 tensors needs its "
+            "dtype_policy to train in the half type)")
+  if precision.mode != "auto" or precision.policy == precision_lib.FLOAT32:
+    return None
+  return (f"tfdist: building the model in {precision.policy.removeprefix('mixed_')} mixed "
+          f"precision (auto: {precision.measured()}; training.mixed_precision: off for float32)")
 
 
 def resume_line(epoch: int, epochs: int, directory: str, step: int = 0) -> str:

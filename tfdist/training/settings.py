@@ -118,15 +118,39 @@ def holding_checkpoint_dir(config: Config):
       held.release()
 
 
-def seed(config: Config) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class Seeded:
+  """The run's seed: `value` (also the arrays' shuffle's; None: `data`'s default) and, where the
+  script seeded Keras itself with another seed than `training.seed`, the start line's `note`
+  saying the script's won."""
+  value: int | None
+  note: str | None = None
+
+
+_SEEDED_BY_TFDIST: list[int] = []  # Keras's global seeds tfdist itself set in this process.
+
+
+def seed(config: Config) -> Seeded:
   """Seeds Python, NumPy and TensorFlow with `training.seed` (Keras's `set_random_seed`), when
-  set: after the strategy is made (it may need TensorFlow unstarted), before any model.
-  Returns it, the seed of the arrays' shuffle too (None: `data`'s default)."""
-  chosen = config.training.seed
+  set and the script has not seeded Keras itself: a script's own
+  `keras.utils.set_random_seed(s)` wins (a config's seed re-seeding before `model_fn` made
+  other initial weights than the script's, silently), and the start line says so. Applied
+  after the strategy is made (it may need TensorFlow unstarted), before any model.
+
+  Returns:
+    The `Seeded` in effect.
+  """
+  from keras.src.utils import rng_utils
+  chosen, own = config.training.seed, rng_utils.get_random_seed()
+  if own is not None and own not in _SEEDED_BY_TFDIST:  # The script's own seed.
+    note = None if chosen in (None, own) else (
+        f"the script's seed {own} (keras.utils.set_random_seed), not training.seed {chosen}")
+    return Seeded(own, note)
   if chosen is not None:
     import keras
     keras.utils.set_random_seed(chosen)
-  return chosen
+    _SEEDED_BY_TFDIST.append(chosen)
+  return Seeded(chosen)
 
 
 def global_batch(config: Config, replicas: int, given: int | None = None,

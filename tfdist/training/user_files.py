@@ -30,8 +30,10 @@ from tfdist.config.schema import Config
 from tfdist.training.checkpoints import scratch_dir
 
 
-_WRITERS = (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint,
-            keras.callbacks.CSVLogger, keras.callbacks.TensorBoard)
+_WRITES = {keras.callbacks.BackupAndRestore: "backup_dir",
+           keras.callbacks.ModelCheckpoint: "filepath", keras.callbacks.CSVLogger: "filename",
+           keras.callbacks.TensorBoard: "log_dir"}
+"""Keras's callbacks that write files, and the attribute saying where."""
 
 
 @contextlib.contextmanager
@@ -44,11 +46,16 @@ def chief_only(callbacks: Sequence, config: Config, resuming: bool = False) -> I
     for callback in callbacks:
       if isinstance(callback, keras.callbacks.CSVLogger):
         callback.append = True
-  if is_chief(config) or not any(isinstance(c, _WRITERS) for c in callbacks):
+  if is_chief(config) or not any(isinstance(c, tuple(_WRITES)) for c in callbacks):
     yield list(callbacks)
     return
-  with scratch_dir(config) as scratch:
-    yield [_redirected(c, scratch, task_name(config)) for c in callbacks]
+  given = [(c, _where(c)) for c in callbacks]
+  try:
+    with scratch_dir(config) as scratch:
+      yield [_redirected(c, scratch, task_name(config)) for c in callbacks]
+  finally:  # The user's callbacks as given, for their next fit.
+    for callback, where in given:
+      _write_to(callback, where)
 
 
 def _has_backup(callback) -> bool:
@@ -92,20 +99,29 @@ def _save_aside(method, config: Config, filepath, *args, **kwargs):
     return method(os.path.join(scratch, os.path.basename(os.fspath(filepath))), *args, **kwargs)
 
 
+def _where(callback):
+  return next((getattr(callback, attribute) for kind, attribute in _WRITES.items()
+               if isinstance(callback, kind)), None)
+
+
 def _redirected(callback, scratch: str, task_name: str):
   """The callback writing into `scratch` (or, for a backup, into a directory of its task's own)."""
+  where = _where(callback)
   if isinstance(callback, keras.callbacks.BackupAndRestore):
-    backup_dir = f"{os.fspath(callback.backup_dir).rstrip(os.sep)}-{task_name}"
-    callback.__init__(backup_dir, save_freq=callback.save_freq,
+    _write_to(callback, f"{os.fspath(where).rstrip(os.sep)}-{task_name}")
+  elif where is not None:
+    _write_to(callback, _inside(scratch, where))
+  return callback
+
+
+def _write_to(callback, path) -> None:
+  """Makes `callback` (one of `_WRITES`) write at `path`."""
+  if isinstance(callback, keras.callbacks.BackupAndRestore):  # Its paths derive from it.
+    callback.__init__(path, save_freq=callback.save_freq,
                       double_checkpoint=callback.double_checkpoint,
                       delete_checkpoint=callback.delete_checkpoint)
-  elif isinstance(callback, keras.callbacks.ModelCheckpoint):
-    callback.filepath = _inside(scratch, callback.filepath)
-  elif isinstance(callback, keras.callbacks.CSVLogger):
-    callback.filename = _inside(scratch, callback.filename)
-  elif isinstance(callback, keras.callbacks.TensorBoard):
-    callback.log_dir = _inside(scratch, callback.log_dir)
-  return callback
+  elif path is not None:
+    setattr(callback, next(a for k, a in _WRITES.items() if isinstance(callback, k)), path)
 
 
 def _inside(scratch: str, path) -> str:
