@@ -155,14 +155,15 @@ def test_fit_on_two_workers_reads_each_example_once_an_epoch_through_two_data_wo
 
 
 def _fit_with_a_role_killed_midway(tmp_path, role: str, extra: str = "") -> tuple[int, str]:
-  """(exit code, output) of a launch of data_service_fit.py whose `role` task ("data_worker-0",
-  "dispatcher-0") is killed -9 in epoch 1, while the chief pauses there (MIDWAY)."""
+  """(exit code, output) of a launch of data_service_fit.py under the default flags whose
+  `role` task ("data_worker-0", "dispatcher-0") is killed -9 in epoch 1, while the chief
+  pauses there (MIDWAY): restarted alone from its role's own restarts."""
   (tmp_path / "config.yaml").write_text(  # A call a step: the pause falls within the epoch.
       _SERVED.replace("global_batch_size: 16", "global_batch_size: 16, steps_per_execution: 1")
       + extra)
   launcher = start_launch(str(tmp_path / "config.yaml"), "--logs", str(tmp_path / "logs"),
-                          "--max-restarts", "1", "--", "python",
-                          "tests/programs/data_service_fit.py", env={"MIDWAY": "1"})
+                          "--", "python", "tests/programs/data_service_fit.py",
+                          env={"MIDWAY": "1"})  # The default flags: --max-restarts 0.
   seen = []
   try:
     read_until(launcher, r"\[worker-0\] MIDWAY", 240, seen)
@@ -171,7 +172,9 @@ def _fit_with_a_role_killed_midway(tmp_path, role: str, extra: str = "") -> tupl
   finally:
     if launcher.poll() is None:
       os.killpg(launcher.pid, signal.SIGKILL)
-  assert f"restarting {role} alone" in output, output[-4000:]
+  kind = role.split("-")[0]
+  assert f"restarting {role} alone (its own restart 1 of 3: a {kind} holds no training " \
+         "state; --max-restarts untouched)" in output, output[-4000:]
   return launcher.returncode, output
 
 

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED
+from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED, USAGE
 from tfdist.launch import decisions
 from tfdist.launch.decisions import (AllDone, Budget, Continue, End, EvaluatorHung, Failed,
                                      FollowRound, GoOnWithout, Grow, HostBack, Left, NewRound,
@@ -95,6 +95,25 @@ CASES = [
     (Failed("worker-1", 1, "failed (exit code 1)"),
      Budget(3, THREE, task_restarts=(("worker-2", 1),), max_task_restarts=1),
      RestartCluster(2, "training resumes from its backup")),
+    # A role holding no training state is restarted alone from its own 3 restarts, under the
+    # default --max-restarts 0; past them, --max-restarts counts.
+    (Failed("data_worker-1", -9, "was killed (signal 9)", task_type="data_worker", alone=True),
+     Budget(0, THREE), RestartTask("data_worker-1", 0, own=1)),
+    (Failed("dispatcher-0", -9, "was killed (signal 9)", task_type="dispatcher", alone=True),
+     Budget(0, THREE, task_restarts=(("dispatcher-0", 2),)), RestartTask("dispatcher-0", 0, own=3)),
+    (Failed("data_worker-1", 1, "failed (exit code 1)", task_type="data_worker", alone=True),
+     Budget(0, THREE, task_restarts=(("data_worker-1", 3),)),
+     End(TASK_FAILED, "data_worker-1 failed (exit code 1)")),
+    (Failed("data_worker-1", 1, "failed (exit code 1)", task_type="data_worker", alone=True),
+     Budget(1, THREE, task_restarts=(("data_worker-1", 3),)), RestartTask("data_worker-1", 0)),
+    # A usage error (tfdist refused the task's config or input) ends the launch: no restart
+    # would mend it, a stateless role's included.
+    (Failed("worker-1", 2, "failed (exit code 2)"), Budget(3, THREE),
+     End(USAGE, "worker-1 refused its config or input (exit code 2); a restart would be "
+                "refused alike")),
+    (Failed("data_worker-0", 2, "failed (exit code 2)", task_type="data_worker", alone=True),
+     Budget(3, THREE), End(USAGE, "data_worker-0 refused its config or input (exit code 2); a "
+                                  "restart would be refused alike")),
 ]
 
 

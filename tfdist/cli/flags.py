@@ -83,7 +83,8 @@ TASK_PORT = Flag(
 MAX_RESTARTS = Flag(
     "max-restarts", "integer", 0, "Restarts allowed after a failure (a preemption's restart "
     "is not counted). launch: of the whole synchronous cluster, or of a failed "
-    "parameter-server worker. export kubernetes --kind jobset: the JobSet's "
+    "parameter-server worker; a data worker or dispatcher (no training state) is restarted "
+    "alone 3 times of its own first. export kubernetes --kind jobset: the JobSet's "
     "failurePolicy.maxRestarts.", metavar="N", lower=0)
 MAX_BATCH_SIZE = Flag("max-batch-size", "integer", 32, "Rows per batch at most.", metavar="N",
                       lower=1)

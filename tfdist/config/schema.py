@@ -17,6 +17,12 @@ then the tf.data service's roles."""
 DATA_SERVICE_JOBS = ("dispatcher", "data_worker")
 """The tf.data service's roles: its dispatcher and its data workers, which run the training
 input's pipeline for the trainers. TensorFlow's strategies never see them (not in TF_CONFIG)."""
+OWN_RESTARTS = {"dispatcher": 3, "data_worker": 3}
+"""The roles that hold no training state, and the restarts each of their tasks gets of its own
+(alone, its peers going on) before `--max-restarts` counts: a data worker's lost split is
+the epoch's only loss, a dispatcher reads its journal (`data_service.work_dir`) back. Three:
+a worker killed by a host's OOM killer or a preemption twice more than chance in one run,
+each restart ~1 s forked; past it the failure is no accident."""
 
 def rule(check: Callable[[Any], bool], text: str) -> dict:
   """Field metadata: `check(value)` must hold, else the loader reports `text`."""

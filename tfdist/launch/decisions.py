@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from tfdist.config.schema import OWN_RESTARTS
 from tfdist.exit_codes import OK, PREEMPTED, SIGNALLED, STARTUP_TIMEOUT, TASK_FAILED, USAGE
 
 
@@ -115,9 +116,11 @@ class RestartCluster:
 
 @dataclasses.dataclass(frozen=True)
 class RestartTask:
-  """Stop `task` and start it again alone, its peers going on."""
+  """Stop `task` and start it again alone, its peers going on; `own`: the restart is the
+  `own`-th of the task's own budget (`OWN_RESTARTS`), not one of `--max-restarts`."""
   task: str
   restarts_left: int
+  own: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +221,9 @@ def decide(event: Event, budget: Budget) -> Action:
   is left; one whose launcher is back is taken in if a restart is left (membership changes
   count against `--max-restarts`, as in torchrun; one lost while the next round is being
   opened joins that restart). A task whose failures caused `--max-restarts-per-task` restarts
-  is treated as with no restarts left. A task that exits with the usage code (tfdist refused
+  is treated as with no restarts left. A task of a role holding no training state (a data
+  worker, the dispatcher) is restarted alone from its own budget (`OWN_RESTARTS`) first. A
+  task that exits with the usage code (tfdist refused
   its config or input) ends the launch with it (2): a restart would be refused alike. A
   launcher that follows the chief's rounds
   reports its task's failure or preemption and follows the next round; dropped from it, it
@@ -270,6 +275,9 @@ def decide(event: Event, budget: Budget) -> Action:
   if event.code == USAGE:  # tfdist refused the task's config or input: no restart mends it.
     return End(USAGE, f"{event.task} refused its config or input (exit code {USAGE}); a "
                       "restart would be refused alike")
+  taken = dict(budget.task_restarts).get(event.task, 0)
+  if taken < OWN_RESTARTS.get(event.task_type, 0):
+    return RestartTask(event.task, left, own=taken + 1)
   spent = budget.task_spent(event.task)
   if left > 0 and not spent:
     if event.alone:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfdist.config.schema import OWN_RESTARTS
 from tfdist.exit_codes import PREEMPTED, USAGE
 from tfdist.launch.decisions import (Action, AllDone, Continue, End, Event, EvaluatorHung,
                                      Failed, FollowRound, GoOnWithout, Grow, Left, NewRound,
@@ -51,6 +52,11 @@ def decision_line(event: Event, action: Action, members: Members,
     return f"restarting the whole cluster ({left} after this); {action.why}"
   if isinstance(action, RestartTask):
     again = "; it evaluates the checkpoints again" if isinstance(event, EvaluatorHung) else ""
+    if action.own:
+      role = getattr(event, "task_type", "task")
+      return (f"restarting {action.task} alone (its own restart {action.own} of "
+              f"{OWN_RESTARTS[role]}: a {role} holds no training state; --max-restarts "
+              "untouched)")
     return f"restarting {action.task} alone ({left}){again}"
   if isinstance(action, GoOnWithout):
     remaining = len(members.now()) - len(action.tasks)
@@ -102,8 +108,8 @@ def plan_lines(plan: LaunchPlan, shown: LaunchPlan | None, *, runs_chief: bool, 
   Returns:
     The lines to say.
   """
-  if shown is None:
-    lines = [plan.describe()]
+  if shown is None:  # Each task's command and environment with --verbose (--dry-run too).
+    lines = [plan.describe(commands=verbose)]
     if runs_chief and not verbose and len(plan.processes) > 1:
       lines.append("showing the chief's output; every task's is in its log (--verbose shows "
                    "all)")
