@@ -16,7 +16,7 @@ from tfdist import ConfigError
 from tfdist.config.schema import TaskConfig
 from tfdist.launch.plan import plan_launch, public_addresses
 from tests.conftest import PROGRAMS, REPO
-from tests.launching import ENV, finish, read_until, start_launch
+from tests.launching import ENV, finish, read_until, run_launch, start_launch
 
 
 
@@ -271,3 +271,30 @@ def test_a_task_past_its_restarts_per_task_ends_the_launch_while_the_clusters_ar
       in output, output[-3000:]
   assert "its failures caused the 1 restart(s) one task may cause (--max-restarts-per-task); " \
          "exit code 1" in output, output[-3000:]
+
+
+@pytest.mark.usefixtures("two_cpus")
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_terminal_says_one_line_per_task_before_training_the_environment_with_verbose(
+    verbose, tmp_path):
+  """The shipped 2-worker config under the default flags: before the first task's output,
+  each task is named on one line (its pid, address and log as it starts); the commands and
+  environment (TF_CONFIG) are --verbose's and --dry-run's. Before, 16 of 23 lines were the
+  two workers' environment."""
+  config = (REPO / "configs" / "multi_worker_mirrored.yaml").read_text().replace(
+      "/tmp/tfdist", str(tmp_path))
+  code, output = run_launch(tmp_path, config, "steps.py", env={"STEPS": "10"},
+                            flags=("--verbose",) if verbose else ())
+  assert code == 0, output[-3000:]
+  before = [line for line in output[:output.index("] PID ")].splitlines()[:-1]
+            if "] waiting for " not in line]  # Said 10 s into a slow start: not per task.
+  for task in ("worker-0", "worker-1"):
+    named = [line for line in before if task in line]
+    if verbose:
+      assert any("TF_CONFIG=" in line for line in before), before
+    else:
+      assert len(named) == 1 and re.fullmatch(
+          rf"\[tfdist launch\] {task} started \(pid \d+\) at 127\.0\.0\.1:\d+, log "
+          rf"{tmp_path}/logs/{task}\.log", named[0]), before
+  if not verbose:
+    assert "TF_CONFIG" not in output and len(before) <= 5, before

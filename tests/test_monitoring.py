@@ -143,7 +143,8 @@ def test_the_launchers_events_are_text_summaries_of_the_run(runs):
   lines = [text.decode() if isinstance(text, bytes) else str(text)
            for _, text in events["launcher"]]
   assert lines[0].startswith("tfdist launch: 2 process(es)")
-  assert any(re.fullmatch(r"worker-1 started \(pid \d+\)", line) for line in lines)
+  assert any(re.fullmatch(r"worker-1 started \(pid \d+\) at 127\.0\.0\.1:\d+, log "
+                          r"\S+worker-1\.log", line) for line in lines)
   assert lines[-1] == "every task finished: done"
 
 

@@ -76,11 +76,13 @@ class LaunchPlan:
   peers: tuple[tuple[str, str], ...] = ()
   advice: tuple[str, ...] = ()
 
-  def describe(self) -> str:
-    """The plan as the block the launcher logs and `--dry-run` prints."""
+  def describe(self, commands: bool = True) -> str:
+    """The plan as `--dry-run` and `--verbose` print it: each task's address and log, then,
+    with `commands`, its command and environment (TF_CONFIG); the advice last. Without them
+    the terminal says one line per task as it starts (`processes.start`)."""
     lines = [f"tfdist launch: {len(self.processes)} process(es), restart scope: "
              f"{self.restart_scope}"]
-    for p in self.processes:
+    for p in self.processes if commands else ():
       lines.append(f"  {p.name:<12} {p.address or '(no server)':<22} log {p.log}")
       lines.append(f"  {'':<12} $ {' '.join(p.argv)}")
       lines += [f"  {'':<12}   {key}={value}" for key, value in p.env]

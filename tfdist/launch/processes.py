@@ -51,7 +51,8 @@ def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Pope
   pump = threading.Thread(target=output.pump, daemon=True,
                           args=(p.name, process.stdout, p.log, shown, peer_failed))
   pump.start()
-  output.say(f"{p.name} started (pid {process.pid})")
+  output.say(f"{p.name} started (pid {process.pid})" +
+             (f" at {p.address}" if p.address else "") + f", log {p.log}")
   return Running(p, process, pump)
 
 
