@@ -264,6 +264,14 @@ def test_the_endpoint_predicts_in_tensorflow_servings_formats(server, model):
   np.testing.assert_allclose(json.loads(body)["predictions"], reference, atol=1e-5)
   status, _, body = call(f"{server}/v1/models/digits:predict", {"inputs": X[:4].tolist()})
   np.testing.assert_allclose(json.loads(body)["outputs"], reference, atol=1e-5)
+  # JSON's numbers carry no dtype: integers for a float input are converted, as TensorFlow
+  # Serving's REST API converts them (a typed TensorProto or KServe datatype must match).
+  whole = np.round(X[:4] * 10)
+  status, _, body = call(f"{server}/v1/models/digits:predict",
+                         {"instances": whole.astype(int).tolist()})
+  assert status == 200, body
+  np.testing.assert_allclose(json.loads(body)["predictions"], model.predict(whole, verbose=0),
+                             atol=1e-4)
   buffer = io.BytesIO()
   np.save(buffer, X[:4])
   status, headers, body = call(f"{server}/v1/models/digits:predict", buffer.getvalue(),

@@ -128,10 +128,16 @@ def _without(name, field, value):
 
 
 @pytest.mark.parametrize("request_of,code,message", [
+    # A TensorProto's dtype is the input's, as TensorFlow Serving requires ("Expects arg[0]
+    # to be float but int64 is provided"); before, an int64 tensor was served as floats.
     (lambda: _without("features", "value", np.full((2, 20), "x")), "INVALID_ARGUMENT",
-     "input features: expected float32 values. Received: bytes values"),
+     "inputs['features']: expected DT_FLOAT. Received: DT_STRING"),
+    (lambda: _without("features", "value", FEATURES.astype(np.int64)), "INVALID_ARGUMENT",
+     "inputs['features']: expected DT_FLOAT. Received: DT_INT64"),
     (lambda: _without("ids", "value", FEATURES[:, :4]), "INVALID_ARGUMENT",
-     "input ids: expected int64 values. Received: float32 values"),
+     "inputs['ids']: expected DT_INT64. Received: DT_FLOAT"),
+    (lambda: _without("ids", "value", IDS.astype(np.int32)), "INVALID_ARGUMENT",
+     "inputs['ids']: expected DT_INT64. Received: DT_INT32"),
     (lambda: _without("features", "value", FEATURES[:, :19]), "INVALID_ARGUMENT",
      "input features: expected shape [?, 20] (rows first). Received: [64, 19]"),
     (lambda: _without("ids", "inputs", None), "INVALID_ARGUMENT",
@@ -208,10 +214,13 @@ def test_tritons_client_speaks_kserve_v2_to_the_server(server, reference, protoc
       assert result.as_numpy("gate") is None  # Not asked for.
       result = client.infer("two", inputs, model_version="1")
       np.testing.assert_allclose(result.as_numpy("gate"), reference["gate"], atol=1e-5)
-    wrong = module.InferInput("ids", list(IDS.shape), "FP32")
-    wrong.set_data_from_numpy(IDS.astype(np.float32))
-    with pytest.raises(InferenceServerException, match=r"input ids: expected int64 values"):
-      client.infer("two", [inputs[0], wrong])
+    # Each datatype the input's, as Triton checks; before, INT32 ids were served.
+    for datatype, dtype in (("FP32", np.float32), ("INT32", np.int32)):
+      wrong = module.InferInput("ids", list(IDS.shape), datatype)
+      wrong.set_data_from_numpy(IDS.astype(dtype))
+      with pytest.raises(InferenceServerException,
+                         match=rf"inputs\['ids'\]: expected INT64. Received: {datatype}"):
+        client.infer("two", [inputs[0], wrong])
     with pytest.raises(InferenceServerException, match=r"no model named 'other'"):
       client.infer("other", inputs)
     with pytest.raises(InferenceServerException, match=r"has no version '3'"):
@@ -283,6 +292,10 @@ def test_a_body_the_decoder_cannot_take_is_a_400_and_the_server_lives(server, pa
     ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 20],
                   "data": [0.5] * 20}]},
      "inputs: expected the names ['features', 'ids']. Received: ['features']"),
+    ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 20],
+                  "data": [0.5] * 20},
+                 {"name": "ids", "datatype": "INT32", "shape": [1, 4], "data": [1] * 4}]},
+     "inputs['ids']: expected INT64. Received: INT32"),  # Triton's check of a datatype.
     ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 20],
                   "parameters": {"binary_data_size": 80}}]},
      "inputs[0].parameters.binary_data_size: 80 bytes, but only 0 remain in the body"),

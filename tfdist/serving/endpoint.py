@@ -15,8 +15,10 @@ import asyncio
 import dataclasses
 import json
 import re
+from typing import Callable
 
 import grpc
+import numpy as np
 import tensorflow as tf
 
 from tfdist.serving.batching import BatchingPredictor, DeadlineExceeded, QueueFull
@@ -88,6 +90,15 @@ class Endpoint:
       raise NotFound(f"{said[1]}model {self.name!r} has no version {str(version)!r}; this "
                      f"server serves version {self.version}")
 
+  def _require_dtypes(self, inputs: dict, spelled: Callable[[str], str]) -> None:
+    """Each typed input of its input's dtype (unknown names are the model check's)."""
+    for info in self.model.inputs:
+      if info.name in inputs:
+        got = _received_dtype(np.asarray(inputs[info.name]))
+        if got != info.dtype:
+          raise ValueError(f"inputs[{info.name!r}]: expected {spelled(info.dtype)}. "
+                           f"Received: {spelled(got)}")
+
   def output_names(self, asked=None) -> list[str]:
     """The outputs a request asked for (all when `asked` is empty), in the model's order.
 
@@ -100,15 +111,35 @@ class Endpoint:
       raise ValueError(f"outputs: expected names among {names}. Received: {unknown}")
     return [n for n in names if not asked or n in asked]
 
-  async def predict(self, inputs, timeout: float | None = None) -> dict:
+  async def predict(self, inputs, timeout: float | None = None,
+                    spelled: Callable[[str], str] | None = None) -> dict:
     """The outputs of `inputs` (arrays by input name, or one array), by output name, through
     the batching queue; cancelled with the caller.
+
+    Args:
+      inputs: arrays by input name, or one array.
+      timeout: seconds the request may wait to run.
+      spelled: for a typed request (a TensorProto's dtype, KServe V2's datatype), how its
+        protocol spells a TensorFlow dtype: each input must then be of its input's dtype
+        exactly, as TensorFlow Serving and Triton refuse another ("Expects arg[0] to be float
+        but int64 is provided"); None: untyped values (JSON numbers) converted.
+
+    Returns:
+      The outputs, by output name.
 
     Raises:
       ValueError: inputs of the wrong names, shape or dtype.
       ModelRefused: the model refused the values.
       QueueFull, DeadlineExceeded: the batching predictor's.
+
+    Example:
+
+    ```python
+    outputs = await endpoint.predict({"x": rows}, spelled=tensors.datatype)   # KServe V2
+    ```
     """
+    if spelled is not None and isinstance(inputs, dict):
+      self._require_dtypes(inputs, spelled)
     future = self.predictor.submit(inputs, timeout=timeout)
     try:
       outputs = await asyncio.wrap_future(future)
@@ -120,6 +151,10 @@ class Endpoint:
     if not isinstance(outputs, dict):
       outputs = {self.model.outputs[0].name: outputs}
     return outputs
+
+
+def _received_dtype(array: np.ndarray) -> str:
+  return "string" if array.dtype.kind in "OSU" else tf.as_dtype(array.dtype).name
 
 
 def decode_json(body: bytes):

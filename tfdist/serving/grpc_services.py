@@ -28,7 +28,7 @@ import numpy as np
 
 import grpc
 import tensorflow as tf
-from tensorflow.core.framework import tensor_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2,
                                      model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
@@ -123,7 +123,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
       except Exception as e:  # pylint: disable=broad-except
         raise ValueError(f"inputs[{name!r}]: not a readable TensorProto ({e})") from None
     names = self.endpoint.output_names(list(request.output_filter))
-    outputs = await self.endpoint.predict(inputs, timeout=context.time_remaining())
+    outputs = await self.endpoint.predict(inputs, timeout=context.time_remaining(),
+                                          spelled=_data_type)
     return predict_pb2.PredictResponse(
         model_spec=self._spec(request.model_spec),
         outputs={n: _typed_proto(outputs[n]) for n in names})
@@ -244,7 +245,8 @@ class InferenceService(kserve_grpc.GRPCInferenceServiceServicer):
         named[tensor.name] = tensors.shaped(list(getattr(tensor.contents, field)),
                                             tensor.datatype, list(tensor.shape), where)
     names = self.endpoint.output_names([o.name for o in request.outputs])
-    outputs = await self.endpoint.predict(named, timeout=context.time_remaining())
+    outputs = await self.endpoint.predict(named, timeout=context.time_remaining(),
+                                          spelled=tensors.datatype)
     answer = kserve_pb2.ModelInferResponse(model_name=self.endpoint.name,
                                            model_version=str(self.endpoint.version),
                                            id=request.id)
@@ -252,6 +254,11 @@ class InferenceService(kserve_grpc.GRPCInferenceServiceServicer):
       answer.outputs.add(**kserve.output_tensor(self.endpoint, name, outputs[name]))
       answer.raw_output_contents.append(tensors.to_raw(outputs[name]))
     return answer
+
+
+def _data_type(dtype: str) -> str:
+  """TensorFlow Serving's name of a TensorFlow dtype: "DT_FLOAT"."""
+  return types_pb2.DataType.Name(tf.as_dtype(dtype).as_datatype_enum)
 
 
 def _require_signature(name: str) -> None:

@@ -87,7 +87,8 @@ def routes(endpoint: Endpoint) -> list:
       raise ValueError(f"the binary data holds {binary.remaining} bytes past its inputs'")
     asked, unlisted_binary = _asked_outputs(header)
     names = endpoint.output_names(list(asked))
-    outputs = await endpoint.predict(named)  # Its names checked by the served model.
+    # Its names checked by the served model; each datatype the input's, as Triton checks.
+    outputs = await endpoint.predict(named, spelled=tensors.datatype)
     return _answer(endpoint, header, names, outputs,
                    {name: asked.get(name, unlisted_binary) for name in names})
 
