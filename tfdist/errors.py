@@ -117,6 +117,23 @@ class ModelError(TfdistError, ValueError):
   """
 
 
+class DataError(TfdistError, ValueError):
+  """Training data of a kind or shape tfdist cannot feed; the message names the argument, what
+  was expected and what was received.
+
+  Example:
+
+  ```python
+  import numpy as np
+  import tfdist
+  try:
+    tfdist.fit(make_model, np.zeros((8, 4)), config={"strategy": "default"})
+  except tfdist.errors.DataError as e:
+    print(e)   # x: numpy input needs a batch size: ...
+  ```
+  """
+
+
 class MissingExtraError(TfdistError, ImportError):
   """A feature's optional packages are not installed; the message names the extra to install
   (`tfdist model-server` without aiohttp: "pip install 'tfdist[serving]'"). An `ImportError`,

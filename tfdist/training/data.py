@@ -31,7 +31,7 @@ import tensorflow as tf
 
 import tfdist.progress as progress
 from tfdist.training import py_datasets
-from tfdist.errors import TfdistError
+from tfdist.errors import DataError  # noqa: F401  Its home; raised and imported from here too.
 
 _FILE_READERS = {b"TFRecordDataset", b"TFRecordDatasetV2", b"TextLineDataset",
                  b"TextLineDatasetV2", b"FixedLengthRecordDataset",
@@ -43,10 +43,6 @@ EMPTY_REPLICA_BATCH = "tfdist: a replica would get a training batch with no exam
 """The assertion tfdist adds to a training dataset, for a batch that leaves a replica none."""
 _EMPTY_BATCH_ERRORS = (EMPTY_REPLICA_BATCH, "Missing 1-th output",
                        "evenly divisible by filter depth")
-
-
-class DataError(TfdistError, ValueError):
-  """Training data of a kind or shape tfdist cannot feed."""
 
 
 def is_dataset_fn(data: Any) -> bool:
@@ -311,6 +307,42 @@ def require_serializable(dataset: tf.data.Dataset, name: str,
     raise DataError(f"{name}: {where} the dataset from its graph, and this one runs Python "
                     f"code (from_generator or py_function): {advice}. Received: a dataset "
                     "with Python state") from None
+
+
+NOT_KEPT_BY_THE_SERVICE = {
+    "ShardDataset": ".shard(): the service splits each pass over its data workers itself, and "
+                    "each data worker would keep only its shard of its share (129 of 256 "
+                    "examples an epoch, measured): leave .shard() out, the service gives "
+                    "each example once",
+}
+"""The dataset ops the tf.data service cannot run as the user's pipeline means them, with
+why and what to do. (Python state is `require_serializable`'s.)"""
+
+
+def require_servable(dataset: tf.data.Dataset, name: str) -> None:
+  """Raises DataError for a dataset the tf.data service's data workers cannot run exactly:
+  Python state (from_generator, py_function) or an op of `NOT_KEPT_BY_THE_SERVICE`.
+
+  Args:
+    dataset: the training dataset sent to the service.
+    name: the argument it came as, named in the error.
+
+  Raises:
+    DataError: it cannot be sent, or would not be kept exact there.
+
+  Example:
+
+  ```python
+  require_servable(tf.data.Dataset.range(8).shard(2, 0).batch(4), "train_data")   # DataError
+  ```
+  """
+  require_serializable(dataset, name, "the tf.data service's data workers run",
+                       "build it from arrays or files, or leave the service out")
+  ops = {node.op for node in _nodes(dataset)}
+  for op, why in NOT_KEPT_BY_THE_SERVICE.items():
+    if op in ops:
+      raise DataError(f"{name}: the tf.data service's data workers cannot run {why}. "
+                      f"Received: a dataset with {op}")
 
 
 def usable_count(count: int, batch_size: int, replicas: int) -> int:

@@ -311,8 +311,7 @@ def _require_servable(train_data) -> None:
                          "tf.data.Dataset's pipeline on its data workers: pass one, batched by "
                          "the global batch, or leave the dispatcher and data workers out. "
                          f"Received: {type(train_data).__name__}")
-  data.require_serializable(train_data, "train_data", "the tf.data service's data workers run",
-                            "build it from arrays or files, or leave the service out")
+  data.require_servable(train_data, "train_data")
 
 
 def _require_py_dataset_batch(run: _Run, py_dataset) -> None:

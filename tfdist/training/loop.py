@@ -328,6 +328,7 @@ class TrainingLoop:
     once, a new pass shared by every worker each time it is iterated."""
     from tfdist.training import agreement
     if id(dataset) not in self._served or self._served[id(dataset)][0] is not dataset:
+      data.require_servable(dataset, "dataset")
       token = agreement.agreed_token(self.strategy, progress.Collective.DATA_SERVICE_NAME)
       self._served[id(dataset)] = (dataset, reading.served(
           dataset, strategy=self.strategy, service=self._service,
@@ -422,6 +423,7 @@ class TrainingLoop:
       data.require_serializable(dataset, "dataset")
       stream = dataset.repeat()
       if self._service:  # Passes every worker shares (`data_service.reading`).
+        data.require_servable(dataset, "dataset")
         stream = reading.endless_passes(dataset, service=self._service)
       self._worker_iterators[id(dataset)] = iter(
           self._coordinator.create_per_worker_dataset(stream))

@@ -283,6 +283,7 @@ def _worker_dataset(train_data, y, strategy, batch_size, service: str | None = N
     data.require_serializable(train_data, "train_data")
     if service:  # Made here; the coordinator rebuilds it on each worker from its graph.
       from tfdist.data_service import reading
+      data.require_servable(train_data, "train_data")
       return reading.endless_passes(train_data, service=service)
     return train_data.repeat()  # The coordinator rebuilds it on each worker from its graph.
   data.require_batch_size(batch_size, "train_data")
