@@ -113,9 +113,13 @@ def test_a_worker_with_a_slow_input_pipeline_is_named_the_straggler(tmp_path):
   assert all(line.startswith("straggler: worker-1,") for line in lines[1:]), lines
   assert min(ratios[1:]) > 1.5, ratios
   assert re.search(r"\[worker-0\] tfdist: epoch 3: straggler: worker-1, .* chronic: ", output)
-  # Its wait for input bounds the job: said once, with what to do.
+  # Its wait for input bounds the job: said once, with what to do on this host (2 workers on
+  # 2 cores: no core free for data workers here).
+  advice = (r", and this host's \d+ cores run 2 of the cluster's processes: make the pipeline "
+            r"cheaper" if (os.cpu_count() or 1) <= 2 else
+            r": run the input pipeline on tf.data service")
   said = re.findall(r"\[worker-0\] tfdist: epoch \d: input-bound: the steps waited for their "
-                    r"input \d+% of their time: run the input pipeline on tf.data service", output)
+                    r"input \d+% of their time" + advice, output)
   assert len(said) == 1, output[-3000:]
   worker, _ = scalars(tmp_path / "tb" / "launch" / "worker-1")
   # The slow worker waits for its input; its fast peer waits for it in the collectives.
@@ -253,3 +257,38 @@ def test_a_job_is_input_bound_when_a_worker_waits_for_input_half_its_step():
                                       "(cluster.data_worker)")
   assert "run the input pipeline on tf.data service data workers (cluster.dispatcher" in \
       input_bound_line(0.8, 0)
+
+
+@pytest.mark.parametrize("data_workers,said", [
+    (2, "input-bound: the steps waited for their input 80% of their time; 2 data workers run "
+        "the pipeline, and this host's 2 cores run 5 of the cluster's processes: more data "
+        "workers here would not help; run them on other hosts, or make the pipeline cheaper"),
+    (0, "input-bound: the steps waited for their input 80% of their time, and this host's 2 "
+        "cores run 5 of the cluster's processes: make the pipeline cheaper, or run it on "
+        "tf.data service data workers on other hosts"),
+])
+def test_input_bound_advice_fits_a_host_whose_cores_are_all_busy(data_workers, said):
+  """Before, "add more (cluster.data_worker)" on a 2-core machine running 5 processes."""
+  from tfdist.monitoring.step_times import Host, input_bound_line
+  assert input_bound_line(0.8, data_workers, Host(cores=2, processes=5)).startswith(said)
+  assert "add more" in input_bound_line(0.8, 2, Host(cores=16, processes=5))
+  assert "add more" in input_bound_line(0.8, 2, Host(cores=2, processes=None))
+
+
+def test_a_task_behind_waiting_for_the_services_batches_is_named_an_input_wait():
+  from tfdist.monitoring.step_times import input_waits_line, straggler
+  rows = {"worker-0": [0.0, 5.0, 60.0], "worker-1": [55.0, 5.0, 2.0]}
+  name, ratio = straggler(rows)
+  assert input_waits_line(name, ratio, rows) == (
+      "input waits, not a slow worker: worker-1 waited 55.0 ms a step for its batches from "
+      "the tf.data service (compute 5.0 ms), 1.85x the median's input+compute")
+
+
+def test_the_tasks_on_a_host_are_counted_from_the_clusters_addresses():
+  from tfdist.config.roles import tasks_on_this_host
+  config = {"cluster": {"worker": ["10.0.0.1:1", "10.0.0.1:2"], "dispatcher": ["10.0.0.1:3"],
+                        "data_worker": ["10.0.0.2:1", "10.0.0.1:4"]},
+            "task": {"type": "worker", "index": 1}}
+  assert tasks_on_this_host(config) == 4
+  assert tasks_on_this_host({"cluster": {"worker": 2}, "task": {"type": "worker",
+                                                                "index": 0}}) is None

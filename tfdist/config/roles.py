@@ -67,3 +67,32 @@ def task_name(config: ConfigLike = None) -> str:
   """`<type>-<index>` of this task, or `local` for a process without a task."""
   t = task(config)
   return "local" if t is None else t.name
+
+
+def tasks_on_this_host(config: ConfigLike = None) -> int | None:
+  """How many of the cluster's tasks (every job's, the tf.data service's roles too) share this
+  task's host, from their addresses.
+
+  Args:
+    config: a `Config` or what `tfdist.load_config` takes; None reads the launched task's.
+
+  Returns:
+    The count, this task included; None outside a cluster or where its addresses are not
+    known.
+
+  Example:
+
+  ```python
+  import tfdist
+  from tfdist.config.roles import tasks_on_this_host
+  tasks_on_this_host({"cluster": {"worker": ["a:1", "a:2", "b:1"]},
+                      "task": {"type": "worker", "index": 0}})   # 2
+  ```
+  """
+  config = as_config(config)
+  cluster, me = config.cluster, config.task
+  if me is None or not cluster.has_addresses or me.type not in cluster.addresses:
+    return None
+  host = lambda address: address.rsplit(":", 1)[0]  # noqa: E731
+  mine = host(cluster.addresses[me.type][me.index])
+  return sum(host(a) == mine for addresses in cluster.addresses.values() for a in addresses)

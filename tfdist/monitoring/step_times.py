@@ -24,6 +24,7 @@ step = clock.timed(model.train_step)        # inside strategy.run: data, request
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 
@@ -173,6 +174,10 @@ def straggler(rows: dict[str, list[float]]) -> tuple[str | None, float]:
   return (slowest if lagging else None), ratio
 
 
+def _slowest(rows: dict[str, list[float]]) -> str:
+  return max(rows, key=lambda name: rows[name][0] + rows[name][1])
+
+
 def describe(name: str | None, ratio: float, rows: dict[str, list[float]], chronic: int,
              epochs: int) -> str:
   """The straggler line for the terminal and TensorBoard. Pure."""
@@ -195,15 +200,48 @@ def input_share(rows: dict[str, list[float]]) -> float:
               for values in rows.values()), default=0.0)
 
 
-def input_bound_line(share: float, data_workers: int) -> str:
+@dataclasses.dataclass(frozen=True)
+class Host:
+  """This task's host, as the advice needs it: its CPU cores and the cluster's processes on
+  it (None: unknown, a cluster whose tasks' hosts are not all known)."""
+  cores: int
+  processes: int | None
+
+  @property
+  def busy(self) -> bool:
+    """Every core runs one of the cluster's processes: another would take a core from them."""
+    return self.processes is not None and self.processes >= self.cores
+
+
+def input_bound_line(share: float, data_workers: int, host: Host | None = None) -> str:
   """What to say of an input-bound epoch (`share`: `input_share`'s), with the tf.data service's
-  `data_workers` (0: none). Pure."""
+  `data_workers` (0: none), fitted to the `host` it runs on: no "add data workers" where every
+  core already runs a task. Pure."""
   head = f"input-bound: the steps waited for their input {share:.0%} of their time"
+  busy = host is not None and host.busy
+  cores = f"this host's {host.cores} cores run {host.processes} of the cluster's processes" \
+      if busy else ""
+  if data_workers and busy:
+    return (f"{head}; {data_workers} data worker{'s' * (data_workers != 1)} run the pipeline, "
+            f"and {cores}: more data workers here would not help; run them on other hosts, "
+            "or make the pipeline cheaper")
   if data_workers:
     return (f"{head}; {data_workers} data worker{'s' * (data_workers != 1)} run the pipeline: "
             "add more (cluster.data_worker)")
+  if busy:
+    return (f"{head}, and {cores}: make the pipeline cheaper, or run it on tf.data service "
+            "data workers on other hosts (cluster.dispatcher and cluster.data_worker)")
   return (f"{head}: run the input pipeline on tf.data service data workers (cluster.dispatcher "
           "and cluster.data_worker), or make it cheaper")
+
+
+def input_waits_line(name: str, ratio: float, rows: dict[str, list[float]]) -> str:
+  """The straggler line of a task behind because it waited for the tf.data service's batches
+  (its input wait longer than its compute): an input wait, not a slow worker. Pure."""
+  input_wait, compute, _ = rows[name]
+  return (f"input waits, not a slow worker: {name} waited {input_wait:.1f} ms a step for its "
+          f"batches from the tf.data service (compute {compute:.1f} ms), {ratio:.2f}x the "
+          "median's input+compute")
 
 
 class StepTimes:
@@ -219,9 +257,9 @@ class StepTimes:
   """
 
   def __init__(self, clock: StepClock, strategy, task_name: str, chief: bool,
-               data_workers: int = 0):
+               data_workers: int = 0, host: Host | None = None):
     self.clock, self.strategy, self.task_name, self.chief = clock, strategy, task_name, chief
-    self.data_workers, self._said_bound = data_workers, False
+    self.data_workers, self.host, self._said_bound = data_workers, host, False
     self.stragglers = Stragglers()
     self._gather = _gather_function(strategy)
 
@@ -238,6 +276,9 @@ class StepTimes:
     if not self.chief:
       return
     line, ratio, named = self.stragglers.line(rows)
+    waited = named and self.data_workers and rows[_slowest(rows)][0] > rows[_slowest(rows)][1]
+    if waited:  # The service's batches came late: an input wait, said as one.
+      line = input_waits_line(_slowest(rows), ratio, rows)
     tf.summary.scalar("epoch_straggler_ratio", ratio, step=epoch)
     tf.summary.text("straggler", line, step=epoch)
     if named:
@@ -247,8 +288,9 @@ class StepTimes:
     tf.summary.scalar("data_workers", self.data_workers, step=epoch)  # Runs compared by it.
     bound = share >= INPUT_BOUND
     if bound:
-      tf.summary.text("input_bound", input_bound_line(share, self.data_workers), step=epoch)
+      tf.summary.text("input_bound", input_bound_line(share, self.data_workers, self.host),
+                      step=epoch)
     if bound and not self._said_bound:  # Once, and again after epochs that were not.
-      print(f"tfdist: epoch {epoch + 1}: {input_bound_line(share, self.data_workers)}",
-            flush=True)
+      print(f"tfdist: epoch {epoch + 1}: "
+            f"{input_bound_line(share, self.data_workers, self.host)}", flush=True)
     self._said_bound = bound

@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.config.loader import RUN_ENV
-from tfdist.config.roles import is_chief, task_name
+from tfdist.config.roles import is_chief, task_name, tasks_on_this_host
 from tfdist.config.schema import Config
 from tfdist.machine import speed
 from tfdist.monitoring import step_times
@@ -56,7 +56,9 @@ def callbacks(config: Config, strategy, *, first_epoch: int, epoch_steps: int | 
                           replicas=strategy.num_replicas_in_sync if chief else 0,
                           step_times=clock and step_times.StepTimes(
                               clock, strategy, task_name(config), chief,
-                              data_workers=config.cluster.data_worker))
+                              data_workers=config.cluster.data_worker,
+                              host=step_times.Host(os.cpu_count() or 1,
+                                                   tasks_on_this_host(config))))
   if not chief:
     return [throughput]
   curves = ClusterTensorBoard(run, update_freq=config.tensorboard.update_freq,
