@@ -115,6 +115,12 @@ BAD_CONFIGS = [
     ("ps_without_chief", "cluster: {worker: 2, ps: 1}\nstrategy: parameter_server\n", None, None,
      "{f}: cluster.chief: parameter_server needs one chief task, the coordinator that runs the "
      "training script. Received: 0"),
+    # Before, `tfdist check` passed it and training refused it (issue 86).
+    ("stage3_accumulation", "strategy: mirrored\ntraining: {shard_optimizer: true, "
+     "shard_gradients: true, shard_parameters: true, gradient_accumulation_steps: 2}\n", None,
+     None, "{f}: training.shard_parameters: cannot be combined with "
+     "training.gradient_accumulation_steps above 1: gradient accumulation keeps a whole "
+     "accumulator of every weight on every replica. Received: True"),
     ("ps_sharding", PS_HOSTS + "strategy: {name: parameter_server, max_shards: 2}\n", None, None,
      "{f}: strategy.max_shards: must be 1: Keras 3 optimizers cannot update sharded variables "
      "('ShardedVariable' object has no attribute 'handle'). Received: 2"),
@@ -197,7 +203,27 @@ def test_missing_file_is_named(tmp_path):
     load_config(tmp_path / "nope.yaml", environ={})
 
 
-@pytest.mark.parametrize("case_id", ["two_chiefs", "yaml_object_tag", "mwms_with_ps"])
+FIT_READS = [c for c in BAD_CONFIGS if c[2] is None and c[3] is None]
+
+
+@pytest.mark.parametrize("text,expected", [case[1::3] for case in FIT_READS],
+                         ids=[c[0] for c in FIT_READS])
+def test_tfdist_fit_refuses_each_bad_config_as_check_does(write_config, text, expected,
+                                                          monkeypatch):
+  """One home for the rules: every refusal of the table (one without TF_CONFIG or --task)
+  stops `tfdist.fit` with the message `load_config` (so `tfdist check`) gives, before any
+  model is built."""
+  import tfdist
+  for name in ("TF_CONFIG", "TFDIST_CONFIG"):
+    monkeypatch.delenv(name, raising=False)
+  path = write_config(text)
+  with pytest.raises(ConfigError) as raised:
+    tfdist.fit(lambda: pytest.fail("a model was built"), config=str(path))
+  assert str(raised.value) == expected.replace("{f}", str(path))
+
+
+@pytest.mark.parametrize("case_id", ["two_chiefs", "yaml_object_tag", "mwms_with_ps",
+                                     "stage3_accumulation"])
 def test_cli_check_fails_fast_in_one_line_with_exit_code_2(write_config, case_id):
   text = {c[0]: c[1] for c in BAD_CONFIGS}[case_id]
   path = write_config(text)

@@ -156,6 +156,12 @@ def _check_training(config: Config) -> None:
     raise ConfigError("needs training.shard_gradients: true (stage 3 updates each replica's "
                       "shard of the weights from its reduce-scattered shard of the gradients)",
                       key="training.shard_parameters", received=True)
+  if training.shard_parameters and training.gradient_accumulation_steps > 1:
+    # The run's own refusal of a model (sharded_parameters.refusal) says it too; here the
+    # config says it first, so `tfdist check` refuses what training would.
+    raise ConfigError("cannot be combined with training.gradient_accumulation_steps above 1: "
+                      "gradient accumulation keeps a whole accumulator of every weight on "
+                      "every replica", key="training.shard_parameters", received=True)
   if training.shard_optimizer:
     _check_sharding(config)
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:
