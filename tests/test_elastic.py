@@ -145,6 +145,13 @@ def test_per_host_launches_go_on_without_a_host_killed_9_and_take_it_back_in(tmp
       if launcher.poll() is None:
         os.killpg(launcher.pid, signal.SIGKILL)
     held.close()
+  # The lost host is the root cause on every surviving terminal: no survivor blamed, no
+  # survivor's collective traceback (they are in its log). Before: ~40 lines of traceback, then
+  # "worker-0 failed first (exit code 1): the root cause".
+  for output in outputs[:2]:
+    assert "Traceback" not in output and "failed first" not in output, output[-6000:]
+  said = [line for line in outputs[0].splitlines() if "the root cause" in line]
+  assert all(line.startswith("[tfdist launch] worker-2 was lost (") for line in said), said
   for launcher, output in zip([launchers[0], launchers[1], back], outputs):
     assert launcher.returncode == 0, output[-4000:]
   assert "not every launcher stopped its task" not in outputs[0], outputs[0][-4000:]

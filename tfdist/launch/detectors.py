@@ -106,6 +106,7 @@ class Watch:
     if failed is None and frozen is None:
       return None
     cause = (None if starting else processes.frozen(running, FROZEN_AFTER)) or failed or frozen
+    cause = _peer_it_could_not_reach(cause, running)
     self._report_root_cause(cause, running, consequence=failed if failed is not cause else None)
     what, detail = processes.how_it_ended(cause)
     task = cause.plan.task
@@ -158,14 +159,25 @@ class Watch:
     if lost:  # A peer on another host, lost: the root cause is there, not here.
       self.output.say(
           f"{', '.join(lost)} was lost (TensorFlow's coordination service got no heartbeats "
-          f"from it: its host, its link or its process is gone): the root cause; "
-          f"{cause.plan.name} {what} {detail} because of it. Look at {', '.join(lost)}'s host "
-          f"and log. {cause.plan.name}'s log ({cause.plan.log}) ends:\n" + tail(cause.plan.log))
+          f"from it, or its server no longer answers: its host, its link or its process is "
+          f"gone): the root cause; {cause.plan.name} {what} {detail} because of it (its "
+          f"collective's error is in its log, {cause.plan.log}). Look at {', '.join(lost)}'s "
+          "host and log")
       return
     then = (f"; {consequence.plan.name} {' '.join(processes.how_it_ended(consequence))} after "
             "it" if consequence else "")
     self.output.say(f"{cause.plan.name} {what} first {detail}: the root cause{then}. Its log "
                     f"({cause.plan.log}) ends:\n" + tail(cause.plan.log))
+
+
+def _peer_it_could_not_reach(cause: Running, running: list[Running]) -> Running:
+  """`cause`, or the task here that its log says it could not reach and that failed too (a
+  peer's collective error can be reported before the crash that caused it)."""
+  if cause.process.poll() in (None, 0):
+    return cause
+  named = lost_peers(tail(cause.plan.log, lines=200), cause.plan.name)
+  return next((r for r in running if r.plan.name in named and
+               r.process.poll() not in (None, 0)), cause)
 
 
 def _hang(hangs: HangWatch, tasks: list[Running]) -> Hang | None:

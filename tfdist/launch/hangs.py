@@ -223,20 +223,33 @@ def _place(task: dict) -> str:
 
 _UNHEALTHY = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _COORDINATION_LOST = ("stopped sending heartbeats", "The tasks have crashed")
+# A collective aborted because a peer's server no longer answers (its process killed, its host
+# gone): gRPC names the peer it called, "from remote target /job:worker/replica:0/task:2".
+_UNREACHABLE = re.compile(r"from remote target /job:(\w+)/replica:\d+/task:(\d+)[^\n]*\n"
+                          r"[^\n]*(?:failed to connect to all addresses|Connection refused|"
+                          r"Socket closed|Connection reset by peer)")
 
 
 def lost_peers(log_tail: str, own: str) -> list[str]:
   """The peers TensorFlow's coordination service says were lost (no heartbeats: a host cut
-  off, a process killed elsewhere), named as tasks (`worker-1`), from the end of task `own`'s
-  log; empty when it says none. Pure.
+  off, a process killed elsewhere), or that a collective could not reach (its server gone:
+  "failed to connect to all addresses" from that remote target), named as tasks
+  (`worker-1`), from the end of task `own`'s log; empty when it says none. Pure.
 
   >>> lost_peers("... unhealthy (stopped sending heartbeats):\\n/job:worker/replica:0/task:1\\n"
   ...            "The tasks have crashed.", "worker-0")
   ['worker-1']
+  >>> lost_peers("Additional GRPC error information from remote target /job:worker/replica:0/"
+  ...            "task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error "
+  ...            "received from peer {grpc_message:\\"failed to connect to all addresses\\"}",
+  ...            "worker-0")
+  ['worker-2']
   """
+  unreachable = [f"{job}-{index}" for job, index in _UNREACHABLE.findall(log_tail)]
   if not any(marker in log_tail for marker in _COORDINATION_LOST):
-    return []
+    return [name for name in dict.fromkeys(unreachable) if name != own]
   at = max(log_tail.rfind(marker) for marker in _COORDINATION_LOST)
   window = log_tail[max(at - 2000, 0):at + 2000]
-  names = dict.fromkeys(f"{job}-{index}" for job, index in _UNHEALTHY.findall(window))
+  names = dict.fromkeys([*(f"{job}-{index}" for job, index in _UNHEALTHY.findall(window)),
+                         *unreachable])
   return [name for name in names if name != own]

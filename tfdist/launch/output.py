@@ -14,6 +14,11 @@ from tfdist.launch import liveness
 from tfdist.machine import banners
 
 _TAIL_LINES = 20
+_TRACEBACK = b"Traceback (most recent call last):"
+HELD_S = 2.0
+"""How long a task's traceback waits off the terminal for the task's output to end: a dying
+task's ends within milliseconds (its teardown writes nothing more); one that lives on (a
+traceback it printed and went on after) is shown when its next line comes after this."""
 # Lines a task repeats while a peer restarts; counted and summarised, still in the log file.
 _NOISE = re.compile(rb"Connection refused|failed to connect to all addresses|UNAVAILABLE")
 
@@ -50,10 +55,22 @@ class Output:
         self.out = None  # The reader went away (`| head`): keep going, logging to files.
 
   def pump(self, name: str, stream, log_path: str, shown: bool,
-           peer_failed: Callable[[], bool]) -> None:
+           peer_failed: Callable[[], bool],
+           exit_code: Callable[[], int | None] | None = None) -> None:
     """Task `name`'s output lines into its log and, when `shown`, onto the terminal with its
     prefix (not while quiet, nor once a peer failed: the root-cause line says what
-    happened)."""
+    happened). A traceback the task writes as it dies (its output ends within `HELD_S` of it,
+    `exit_code` then not 0) is kept to its log: the launcher's line naming the root cause
+    shows the log's end, or names the lost peer whose loss it is (no survivor's collective
+    error on the terminal); a traceback the task lives on after is shown."""
+    held: list[tuple[bytes, bytes]] = []  # A traceback's lines, as (raw, plain), since `began`.
+    began = 0.0
+
+    def show(raw: bytes, plain: bytes) -> None:
+      if shown and time.monotonic() >= self.quiet_until and not peer_failed():
+        line = terminal_line(raw, name) if self.terminal else plain
+        self.write(f"[{name}] " + line.decode(errors="replace"))
+
     with open(log_path, "ab") as log:
       for raw in iter(stream.readline, b""):
         # The log, and any output but a terminal (a pipe, a file), get the line's last redraw
@@ -66,9 +83,18 @@ class Output:
         if _NOISE.search(raw):
           self.noise[name] += 1
           continue
-        if shown and time.monotonic() >= self.quiet_until and not peer_failed():
-          line = terminal_line(raw, name) if self.terminal else plain
-          self.write(f"[{name}] " + line.decode(errors="replace"))
+        if held and time.monotonic() - began > HELD_S:  # It lived on: shown after all.
+          for line in held:
+            show(*line)
+          held = []
+        if held or (exit_code is not None and plain.startswith(_TRACEBACK)):
+          began = began if held else time.monotonic()
+          held.append((raw, plain))
+          continue
+        show(raw, plain)
+    if held and exit_code is not None and exit_code() in (0, None):
+      for line in held:
+        show(*line)
 
 
 def terminal_line(raw: bytes, name: str) -> bytes:

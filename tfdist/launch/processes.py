@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -49,11 +50,20 @@ def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Pope
     os.remove(heartbeat(p))  # A beat of an earlier start.
   process = start_process(p)
   pump = threading.Thread(target=output.pump, daemon=True,
-                          args=(p.name, process.stdout, p.log, shown, peer_failed))
+                          args=(p.name, process.stdout, p.log, shown, peer_failed,
+                                functools.partial(_exit_code, process)))
   pump.start()
   output.say(f"{p.name} started (pid {process.pid})" +
              (f" at {p.address}" if p.address else "") + f", log {p.log}")
   return Running(p, process, pump)
+
+
+def _exit_code(process, wait_s: float = 5.0) -> int | None:
+  """`process`'s exit code once its output ended (within `wait_s`), None if still running."""
+  try:
+    return process.wait(timeout=wait_s)
+  except subprocess.TimeoutExpired:
+    return None
 
 
 def stop(running: Sequence[Running], grace_period: float, signum: int = signal.SIGTERM) -> None:
