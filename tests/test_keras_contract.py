@@ -69,7 +69,7 @@ def _assert_same(got, want, case):
 
 ALL_CASES = {"validation_split", "sample_weight", "class_weight", "initial_epoch",
              "validation_steps", "sample_weight_dataset", "class_weight_dataset",
-             "class_weight_generator", "shuffled_dataset", "keras_methods", "guides_train_step",
+             "shuffled_dataset", "keras_methods", "guides_train_step",
              "several_inputs", "fine_tuning", "py_dataset"}
 def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path):
   """Every case of tests/programs/keras_contract.py on 2 workers equals plain Keras on one

@@ -229,8 +229,9 @@ def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
      "cannot shard this model's weights: a constraint rewrites a whole weight"),
     ({}, None, lambda: keras.optimizers.AdamW(0.01),
      "cannot shard this model's weights: weight_decay decays whole weights"),
-    ({"gradient_accumulation_steps": 2}, None, None,
-     "cannot shard this model's weights: gradient accumulation keeps a whole accumulator"),
+    ({"gradient_accumulation_steps": 2}, None, None,  # A config's rule: `tfdist check` too.
+     "cannot be combined with training.gradient_accumulation_steps above 1: gradient "
+     "accumulation keeps a whole accumulator"),
 ], ids=["without_stage_2", "constraint", "weight_decay", "accumulation"])
 def test_what_cannot_be_sharded_is_refused_in_one_line(training, layer, optimizer, message):
   config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 1,

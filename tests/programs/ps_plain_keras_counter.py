@@ -11,7 +11,7 @@ from keras.src.backend.tensorflow import core
 
 # Keras's own assign_add, as without the launcher (tfdist.launched.parameter_servers makes a
 # ps variable's add atomic in a launched task).
-core.Variable.assign_add = getattr(core.Variable.assign_add, "keras_assign_add",
+core.Variable.assign_add = getattr(core.Variable.assign_add, "__wrapped__",
                                    core.Variable.assign_add)
 
 STEPS = 1000  # Enough that both workers interleave an update, even on a loaded machine.

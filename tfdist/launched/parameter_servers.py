@@ -49,12 +49,13 @@ def _adding_on_the_ps() -> None:
   if getattr(keras_add, "tfdist_atomic_on_ps", False):
     return
 
-  def assign_add(variable, value):  # Not functools.wraps: autograph would call `__wrapped__`.
+  @functools.wraps(keras_add)
+  def assign_add(variable, value):
     tensor = variable.value
     if "/job:ps/" in (getattr(tensor, "device", "") or ""):
       return tensor.assign_add(tf.cast(value, variable.dtype))
     return keras_add(variable, value)
-  assign_add.tfdist_atomic_on_ps, assign_add.keras_assign_add = True, keras_add
+  assign_add.tfdist_atomic_on_ps = True
   core.Variable.assign_add = assign_add
 
 
