@@ -98,7 +98,8 @@ def per_host(killed: bool = False) -> tuple[float, float]:
     with open(config, "w") as out:
       out.write(_CONFIG.replace("{{worker: 3}}", "{{worker: [%s]}}" % ", ".join(
           f'"127.0.0.1:{p}"' for p in ports)).format(dir=os.path.join(tmp, "checkpoints")))
-    env = {**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "PAUSE": "2"}
+    env = {**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "PAUSE": "2",
+           "TFDIST_RENDEZVOUS_SECRET": os.urandom(16).hex()}  # Refused without one.
 
     def host(index):
       return _Lines(subprocess.Popen(

@@ -162,10 +162,13 @@ def test_per_host_launches_go_on_without_a_host_killed_9_and_take_it_back_in(tmp
     np.testing.assert_allclose(g, w, atol=1e-5)
 
 
-def test_a_launcher_without_the_jobs_secret_is_refused_in_one_line_before_any_task(tmp_path):
+@pytest.mark.parametrize("trusting", [False, True])
+def test_a_launcher_without_the_jobs_secret_is_refused_in_one_line_before_any_task(
+    tmp_path, trusting):
   """The chief's rendezvous (here in the test's process) holds the job's secret; a host's
   launcher started without it ends with exit code 2 in one line naming it, having started
-  nothing."""
+  nothing: refused by itself (secure by default; before, it went on unauthenticated), or,
+  with --trust-network, by the chief's rendezvous."""
   from tfdist.launch.rendezvous import Host
   held = HeldPorts(3)
   *ports, port = held.ports
@@ -176,16 +179,22 @@ def test_a_launcher_without_the_jobs_secret_is_refused_in_one_line_before_any_ta
   host = Host(f"127.0.0.1:{port}", ("worker-0", "worker-1"), silence=10.0, secret="s3cret")
   try:
     launcher = start_launch(str(path), "--task", "worker:1", "--logs", str(tmp_path / "logs"),
-                            "--min-workers", "1", "--rendezvous-port", str(port), "--",
+                            "--min-workers", "1", "--rendezvous-port", str(port),
+                            *(["--trust-network"] if trusting else []), "--",
                             sys.executable, "-c", "raise SystemExit(9)")
     output = finish(launcher, 60, [])
   finally:
     host.close()
   assert launcher.returncode == 2, output
-  assert output.strip().splitlines()[-1] == (
-      f"tfdist launch: TFDIST_RENDEZVOUS_SECRET: the chief's launcher at 127.0.0.1:{port} "
-      "refused this launcher: TFDIST_RENDEZVOUS_SECRET must be the same on every host of the "
-      "job. Received: 'unset'"), output
+  said = (f"tfdist launch: TFDIST_RENDEZVOUS_SECRET: the chief's launcher at 127.0.0.1:{port} "
+          "refused this launcher: TFDIST_RENDEZVOUS_SECRET must be the same on every host of "
+          "the job. Received: 'unset'" if trusting else
+          f"tfdist launch: TFDIST_RENDEZVOUS_SECRET: is unset: the rendezvous at "
+          f"127.0.0.1:{port} would hear any caller that reaches its port (a stray process "
+          "could post as a worker to shrink or stop the job). Set the same secret on every "
+          "host of the job, or pass --trust-network where the network is the job's alone (as "
+          "TensorFlow's own gRPC servers assume). Received: 'unset'")
+  assert output.strip().splitlines()[-1] == said, output
   assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*.log"))
 
 

@@ -59,6 +59,10 @@ FLAGS_DECLARED = (
                    "keeps the members (torchrun's c10d rendezvous); the same on every host. A "
                    "worker whose launcher stops or goes silent is dropped; started again, it is "
                    "taken in as an epoch begins.", metavar="PORT", lower=1, upper=65535),
+    cli_flags.Flag("trust-network", "bool", False, "Per-host elastic launches: let the "
+                   "rendezvous go without TFDIST_RENDEZVOUS_SECRET, hearing any caller that "
+                   "reaches its port (a network that is the job's alone, as TensorFlow's own "
+                   "gRPC servers assume); without it a launch with no secret is refused."),
     cli_flags.Flag("logs", "string", None, "Directory of the per-task logs; default "
                    "tfdist-logs/<date-time>.", metavar="DIR"),
     cli_flags.Flag("verbose", "bool", False, "Show every task's output; by default the terminal "
@@ -98,7 +102,8 @@ def run(args: list[str], task: TaskConfig | None) -> int:
       hang_timeout=FLAGS["hang-timeout"].value,
       epoch_end_timeout=FLAGS["epoch-end-timeout"].value,
       grace_period=FLAGS["grace-period"].value, min_workers=FLAGS["min-workers"].value,
-      rendezvous_port=FLAGS["rendezvous-port"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
+      rendezvous_port=FLAGS["rendezvous-port"].value,
+      trust_network=FLAGS["trust-network"].value, logs=FLAGS.logs, verbose=FLAGS.verbose,
       tensorboard=FLAGS.tensorboard,
       preload={"auto": None, "on": True, "off": False}[FLAGS.preload])
   if FLAGS["dry-run"].value:

@@ -59,6 +59,8 @@ class LaunchOptions:
       the rest go on from the backup, with the same global batch, while at least this many
       workers remain (torchrun's `--nnodes MIN:MAX`); None: the launch ends. The local backend
       (per-host launches with `rendezvous_port`), or Ray; synchronous training only.
+    trust_network: a per-host launch's rendezvous may go without `TFDIST_RENDEZVOUS_SECRET`
+      (the network is the job's alone); else one without it is refused.
     rendezvous_port: per-host elastic launches (`task` and `min_workers`): the port on the
       chief's host where the chief's launcher keeps the members (`launch.rendezvous`); every
       host's launcher gives the same. A worker whose launcher stops or goes silent is dropped;
@@ -97,6 +99,7 @@ class LaunchOptions:
   grace_period: float = 25
   min_workers: int | None = None
   rendezvous_port: int | None = None
+  trust_network: bool = False
   logs: str | None = None
   verbose: bool = False
   tensorboard: bool = False
@@ -302,11 +305,17 @@ def _membership(options: LaunchOptions, config, task, workers: tuple[str, ...],
   host, _ = split_address(config.cluster.addresses[chief][0])
   address = f"{host}:{options.rendezvous_port}"
   secret = environ.get(rendezvous.SECRET_ENV) or None
+  if secret is None and not options.trust_network:  # Secure unless the user says otherwise.
+    raise ConfigError(
+        f"is unset: the rendezvous at {address} would hear any caller that reaches its port "
+        "(a stray process could post as a worker to shrink or stop the job). Set the same "
+        "secret on every host of the job, or pass --trust-network where the network is the "
+        "job's alone (as TensorFlow's own gRPC servers assume)", key=rendezvous.SECRET_ENV,
+        received="unset")
   if is_chief(dataclasses.replace(config, task=task)):
     if secret is None:
-      print(f"tfdist launch: the rendezvous at {address} hears any caller that reaches its "
-            f"port (set {rendezvous.SECRET_ENV} on every host to refuse the others)",
-            file=sys.stderr, flush=True)
+      print(f"tfdist launch: --trust-network: the rendezvous at {address} hears any caller "
+            f"that reaches its port", file=sys.stderr, flush=True)
     try:
       served = rendezvous.Host(address, workers, rendezvous.SILENCE_S, name=task.name,
                                secret=secret)
