@@ -76,10 +76,9 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   device. (At ZeRO stage 3 every case was equal too, run by hand 2026-11-29 with the three
   `shard_*` keys; left out of the suite for its 15 minutes: sharding's own tests stand for it.)"""
   want = _one_device("keras_contract.py", "plain")
-  code, output = run_launch(  # TensorBoard on: the step clock stamps every input kind's batches.
+  code, output = run_launch(
       tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
-      f"mixed_precision: 'off'}}\ntensorboard: {{log_dir: {tmp_path / 'tensorboard'}}}\n",
-      "keras_contract.py", "tfdist")
+      "mixed_precision: 'off'}\n", "keras_contract.py", "tfdist")
   assert code == 0, output[-3000:]
   got = _results(output, "[worker-0] ")
   assert want.keys() == got.keys() == ALL_CASES
@@ -94,6 +93,26 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   assert got["initial_epoch"]["epoch"] == [1, 2]
   # A PyDataset's hooks as Keras calls them (its on_epoch_end reshuffles: each call counts).
   assert got["py_dataset"]["hooks"] == want["py_dataset"]["hooks"]
+
+
+WEIGHED = ("sample_weight", "class_weight", "sample_weight_dataset", "class_weight_dataset")
+
+
+def test_weights_on_arrays_and_datasets_with_tensorboard_on_two_workers(tmp_path):
+  """TensorBoard's step clock stamps each batch after Keras's class-weight map: before,
+  class_weight on arrays failed on 2 workers with "too many values to unpack (expected 2)".
+  (A Python stream's cases are left out with TensorBoard on: BUILD_NOTES.md, Known limits.)"""
+  want = _one_device("keras_contract.py", "plain")
+  code, output = run_launch(
+      tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
+      f"mixed_precision: 'off'}}\ntensorboard: {{log_dir: {tmp_path / 'tensorboard'}}}\n",
+      "keras_contract.py", "tfdist", *WEIGHED)
+  assert code == 0, output[-3000:]
+  got = _results(output, "[worker-0] ")
+  assert set(got) == set(WEIGHED), sorted(got)
+  for case in WEIGHED:
+    _assert_same(got[case], want[case], case)
+  assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
 
 
 def test_tensorflow_multi_worker_tutorial_script_runs_unchanged_on_two_workers(tmp_path):
