@@ -144,7 +144,9 @@ class Batches(keras.utils.PyDataset):
   `default_rng([training.seed or 0, e]).permutation(batches)`: the same on every worker."""
 
   def __init__(self, rows, epoch_orders=False):
-    super().__init__(workers=2)
+    # The plain reference's batches depend on the epoch: read in Keras's main thread, as its
+    # 2 threads raced `on_epoch_begin` at an epoch's start (1 of 3 plain runs differed).
+    super().__init__(workers=1 if epoch_orders else 2)
     self.rows, self.order = rows, np.arange(len(rows))
     self.rng, self.epoch_orders, self.epoch = np.random.default_rng(11), epoch_orders, -1
     self.hooks = []
