@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -302,3 +303,33 @@ def test_a_task_whose_input_delivered_gets_the_grace_period_though_its_beat_says
   plan = ProcessPlan(None, ("python",), ((liveness.HEARTBEAT_ENV, str(path)),),
                      str(tmp_path / "log"), False, None)
   assert processes.began_training(processes.Running(plan, None, None)) is began
+
+
+
+def test_a_stop_signals_the_servers_only_once_the_trainers_ended(tmp_path):
+  """A parameter-server cluster's chief saves its backup from the variables its servers hold:
+  a stop that signalled every task at once left a server that died of the signal under the
+  chief's save (`Socket closed`; the launch ended 143, not 42: once in a suite on 2 cores)."""
+  from tfdist.launch import processes
+  from tfdist.launch.liveness import HEARTBEAT_ENV
+  from tfdist.launch.plan import ProcessPlan
+  saved, beat = tmp_path / "saved", tmp_path / "trainer.heartbeat"
+  beat.write_text('{"phase": "call"}')  # It began training: the grace period holds.
+  trainer = ("import pathlib, signal, time\n"
+             "def save(*_):\n"
+             f"  time.sleep(1); pathlib.Path({str(saved)!r}).touch(); raise SystemExit(42)\n"
+             "signal.signal(signal.SIGTERM, save)\nprint('up', flush=True)\ntime.sleep(60)\n")
+  server = ("import os, pathlib, signal, time\n"  # Says whether the save was made when signalled.
+            f"signal.signal(signal.SIGTERM, lambda *_: os._exit(pathlib.Path({str(saved)!r})"
+            ".exists()))\nprint('up', flush=True)\ntime.sleep(60)\n")
+  started = []
+  for code, serves, env in ((server, True, ()), (trainer, False, ((HEARTBEAT_ENV, str(beat)),))):
+    plan = ProcessPlan(None, (sys.executable, "-c", code), env, str(tmp_path / "log"), serves,
+                       None)
+    process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout.readline() == b"up\n"
+    pump = threading.Thread(target=process.stdout.read)
+    pump.start()
+    started.append(processes.Running(plan, process, pump))
+  processes.stop(started, grace_period=30)
+  assert [r.process.returncode for r in started] == [1, 42]  # Saved before the server's signal.

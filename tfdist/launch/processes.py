@@ -68,17 +68,21 @@ def _exit_code(process, wait_s: float = 5.0) -> int | None:
 
 def stop(running: Sequence[Running], grace_period: float, signum: int = signal.SIGTERM) -> None:
   """`signum` (SIGTERM) to each task's process group, SIGKILL to what is left after
-  `grace_period` seconds (a preempted task saves its backup in it). A cluster none of whose
-  tasks began training (a missing peer, the start-up deadline) has no backup to save: no
+  `grace_period` seconds (a preempted task saves its backup in it). The trainers are signalled
+  first and the servers (a parameter-server cluster's worker and ps tasks) once the trainers
+  ended: the chief saves its backup from the variables the servers hold and through their
+  workers, so a server must outlive it whatever it does with the signal. A cluster none of
+  whose tasks began training (a missing peer, the start-up deadline) has no backup to save: no
   grace period."""
   alive = [r for r in running if r.process.poll() is None]
-  for r in alive:
-    signal_group(r.process, signum)
   began = any(began_training(r) for r in alive if not r.plan.serves)
   deadline = time.monotonic() + (grace_period if began else 0)
-  for r in alive:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-      r.process.wait(timeout=max(deadline - time.monotonic(), 0))
+  for group in ([r for r in alive if not r.plan.serves], [r for r in alive if r.plan.serves]):
+    for r in group:
+      signal_group(r.process, signum)
+    for r in group:
+      with contextlib.suppress(subprocess.TimeoutExpired):
+        r.process.wait(timeout=max(deadline - time.monotonic(), 0))
   for r in running:
     signal_group(r.process, signal.SIGKILL)  # Children the task left behind, too.
     r.process.wait()
