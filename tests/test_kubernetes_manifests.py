@@ -220,3 +220,19 @@ def test_the_field_check_catches_a_misspelt_field():
   pod = {"template": {"spec": {"containers": [{"name": "tensorflow", "imag": "i"}]}}}
   with pytest.raises(AssertionError, match=r"containers\[0\]: V1Container has no field 'imag'"):
     check_fields({"spec": {"tfReplicaSpecs": {"Chief": pod}}}, "KubeflowOrgV1TFJob")
+
+
+@pytest.mark.parametrize("name,kind", PLACED)
+def test_no_exported_pod_runs_the_rendezvous_that_needs_a_secret(write_config, name, kind):
+  """A per-host launch's rendezvous (`--rendezvous-port`) is refused without
+  TFDIST_RENDEZVOUS_SECRET; an exported job restarts as a whole and never starts one, so it
+  carries no secret (docs/reference/limits.md)."""
+  commands = [container["command"] for document in core_documents(export(write_config, name, kind))
+              for spec in _pod_specs(document) for container in spec["containers"]]
+  assert commands and not [c for c in commands if {"--rendezvous-port", "--min-workers"} & set(c)]
+
+
+def _pod_specs(document):
+  spec = document.get("spec", {})
+  template = document.get("template") or spec.get("template", {})
+  return [template["spec"]] if "spec" in template else []
