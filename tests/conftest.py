@@ -34,19 +34,8 @@ def gpu_env() -> dict:
   return {"CUDA_VISIBLE_DEVICES": ",".join(GPUS)}
 
 
-def pytest_addoption(parser):
-  parser.addoption("--extended", action="store_true", default=False,
-                   help="also run the tests marked extended (each a second angle of a guarantee "
-                        "a test of the default run checks)")
-
-
 def pytest_configure(config):
   config.addinivalue_line("markers", "gpu: needs a GPU (run with -m gpu); skipped without one")
-  config.addinivalue_line(
-      "markers", "extended(also): a second angle (another backend, strategy or parameter) of "
-      "the guarantee `also` checks, `also` a test of the default run (its node id without "
-      "parameters; by default, for a parameter, its own test's other parameters); run with "
-      "--extended")
   if not hasattr(config, "workerinput"):  # The controller: pytest-xdist's workers inherit it.
     flag_coverage.start()
   if _runs_tests(config):
@@ -228,12 +217,6 @@ SLOWEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
-  _require_extended_to_name_a_default_test(items)
-  if not config.getoption("extended"):
-    extended = [item for item in items if item.get_closest_marker("extended")]
-    if extended:
-      config.hook.pytest_deselected(items=extended)
-      items[:] = [item for item in items if not item.get_closest_marker("extended")]
   # The slowest files first (above), the rest as collected; the real-Slurm test last: it waits
   # for the script the session started at collection, so in one test process the other tests
   # run while it works.
@@ -246,27 +229,6 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
-
-
-def _require_extended_to_name_a_default_test(items) -> None:
-  """The default run (README's test command, CI) leaves out the tests marked `extended`: each
-  names the test of the default run that checks its guarantee (`also`; a parameter's own test
-  unless it says otherwise), so no guarantee leaves CI with it. Checked wherever `also`'s file
-  is collected."""
-  default = {item.nodeid.split("[")[0] for item in items
-             if not item.get_closest_marker("extended")}
-  files = {item.nodeid.split("::")[0] for item in items}
-  wrong = []
-  for item in items:
-    mark = item.get_closest_marker("extended")
-    if mark is None:
-      continue
-    own = item.nodeid.split("[")[0] if "[" in item.nodeid else ""  # A parameter of its own.
-    also = mark.kwargs.get("also", own)
-    if not also or also.split("::")[0] in files and also not in default:
-      wrong.append(f"{item.nodeid}: extended(also={also!r}) must name a test of the default run")
-  if wrong:
-    raise pytest.UsageError("\n".join(wrong))
 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

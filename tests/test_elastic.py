@@ -16,7 +16,6 @@ from tests.conftest import PROGRAMS
 from tfdist.machine.ports import HeldPorts
 from tests.launching import finish, read_until, start_launch
 from tests.programs import elastic
-from tests.tiers import all_but
 
 CONFIG = ("cluster: {{worker: 3}}\nstrategy: multi_worker_mirrored\n"
           "training: {{global_batch_size: 48, mixed_precision: 'off', steps_per_execution: 1}}\n"
@@ -35,7 +34,7 @@ def _launch(tmp_path, *flags, loop=False, board=False, gone_at=2):
 
 
 @pytest.mark.timeout(480)  # Past its own 420 s bound, so that bound's message is the one seen.
-@pytest.mark.parametrize("loop", all_but([False, True], False), ids=["fit", "training_loop"])
+@pytest.mark.parametrize("loop", [False, True], ids=["fit", "training_loop"])
 def test_a_worker_gone_for_good_leaves_two_that_finish_with_one_devices_weights(tmp_path, loop):
   """Under tfdist.fit with a restart: it fails at epoch 2, and again at once when restarted;
   under TrainingLoop with none: it is dropped at its first failure."""

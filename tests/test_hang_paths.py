@@ -12,7 +12,6 @@ import pytest
 from tfdist import progress
 from tests.programs import custom_loop
 from tests.launching import MWMS_WITH_BACKUP as MWMS, run_launch as _launch
-from tests.tiers import all_but
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -118,7 +117,7 @@ def test_every_collective_is_entered_by_some_audited_run():
       c.name for c in progress.Collective}
 
 
-@pytest.mark.parametrize("path", all_but(list(_AUDITED), "fit"))
+@pytest.mark.parametrize("path", list(_AUDITED))
 def test_every_collective_tfdist_runs_between_calls_is_declared_where_it_runs(tmp_path, path):
   """No compiled function, eager collective or barrier that tfdist's code runs while the task
   records its own code (a callback, an epoch's end): there a task waiting for its peers would

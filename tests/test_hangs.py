@@ -15,7 +15,6 @@ from tfdist.launch.hangs import Deadlines, HangWatch
 from tfdist.progress import Collective, Phase
 from tests.launching import MWMS_WITH_BACKUP as MWMS, run_launch as _launch
 from tests.programs import resumable
-from tests.tiers import all_but
 
 pytestmark = pytest.mark.usefixtures("two_cpus")  # In-process references: the suite's devices.
 
@@ -204,7 +203,7 @@ _PLACEMENTS = {
 }
 
 
-@pytest.mark.parametrize("placement", all_but(list(_PLACEMENTS), "callback_one_step_a_call"))
+@pytest.mark.parametrize("placement", list(_PLACEMENTS))
 def test_a_worker_blocked_anywhere_in_fit_is_named_its_stack_kept_and_the_restart_finishes(
     tmp_path, placement, uninterrupted_weights, generator_weights):
   hang_in, at, per_call, where = _PLACEMENTS[placement]

@@ -16,7 +16,6 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.training import keras_arguments
-from tests.tiers import all_but
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 TOLERANCE = 1e-5
@@ -114,7 +113,7 @@ def _assert_same(history, model, want_history, want_model):
 
 
 # The 2-worker contract checks these arguments too.
-@pytest.mark.parametrize("strategy", all_but(list(STRATEGIES), "mirrored"))
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 @pytest.mark.parametrize("case", FIT_CASES)
 def test_fit_argument_has_its_keras_meaning(case, strategy):
   kwargs = FIT_CASES[case]

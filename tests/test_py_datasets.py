@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.tiers import all_but
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 ROWS, BATCH, EPOCHS = 192, 32, 3
@@ -77,7 +76,7 @@ def _plain():
                lambda model, data: model.predict(data, verbose=0))
 
 
-@pytest.mark.parametrize("strategy", all_but(["mirrored", "central_storage"], "mirrored"))
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
 def test_a_py_dataset_trains_evaluates_and_predicts_as_plain_keras_and_calls_its_hooks_alike(
     strategy):
   want_history, want_evaluate, want_predict, want_logs = _plain()

@@ -123,8 +123,6 @@ def test_two_workers_equal_plain_keras_on_one_device(ray_head, write_config, tmp
   assert set(pathlib.Path(tempfile.gettempdir()).glob("tfdist-ray-task-*")) <= folders
 
 
-@pytest.mark.extended(also="tests/test_data_service.py::test_fit_on_two_workers_reads_each_example_"
-                            "once_an_epoch_through_two_data_workers")
 def test_the_tf_data_service_roles_run_as_actors_and_each_example_is_trained_on_once(
     ray_head, write_config, tmp_path):
   """The dispatcher and data worker are actors like the trainers; the trainers read through
@@ -142,8 +140,6 @@ def test_the_tf_data_service_roles_run_as_actors_and_each_example_is_trained_on_
   assert alive_actors(ray_head) == []
 
 
-@pytest.mark.extended(
-    also="tests/test_parameter_server.py::test_cluster_converges_with_every_update_counted")
 def test_parameter_server_job_converges(ray_head, write_config, tmp_path):
   config = write_config(
       "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
@@ -298,8 +294,6 @@ def test_a_cluster_ray_cannot_place_is_refused_before_anything_starts(ray_head, 
   assert alive_actors(ray_head) == []
 
 
-@pytest.mark.extended(also="tests/test_elastic.py::test_per_host_launches_go_on_without_a_host_"
-                            "killed_9_and_take_it_back_in")
 def test_a_node_lost_then_another_added_drops_its_worker_then_takes_it_back_in(tmp_path):
   """A Ray cluster of two nodes on 127.0.0.1 (Ray's own `cluster_utils`: a head of 2 CPUs, a
   node of 1), 3 workers, `--min-workers 2 --max-restarts-per-task 0 --max-restarts 1`: the
