@@ -262,3 +262,40 @@ def test_a_strategy_whose_replicas_do_not_each_hold_the_weights_is_refused_in_on
       "<dict>: training.shard_optimizer: needs strategy mirrored or multi_worker_mirrored"), \
       str(refused.value)
   assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_optimizers_state_is_shown_as_keras_shows_it_at_every_stage(stage, capsys):
+  """`model.optimizer.variables` after a sharded fit is plain Keras's list: its names, paths,
+  shapes and (each slot gathered from the replicas' shards) values after the same training;
+  `model.summary()` counts the same optimizer parameters (before: 2 variables, "Optimizer
+  params: 2"), and Keras's `get_state_tree` reads them."""
+  x, y = custom_loop.data()
+  keras.backend.clear_session()  # Each model's layers and optimizer get the same names.
+  plain = _compiled(_model())
+  plain.fit(x[:192], y[:192], batch_size=32, epochs=2, shuffle=False, verbose=0)
+  keras.backend.clear_session()
+  keys = ("shard_optimizer", "shard_gradients", "shard_parameters")[:stage]
+  config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
+                                     "mixed_precision": "off", **{k: True for k in keys}}}
+  model = tfdist.fit(lambda: _compiled(_model()), x[:192], y[:192], config=config,
+                     shuffle=False, verbose=0).model
+  got, want = model.optimizer.variables, plain.optimizer.variables
+  assert [(v.path, tuple(v.shape), v.dtype) for v in got] == \
+      [(v.path, tuple(v.shape), v.dtype) for v in want]
+  _assert_same([v.numpy() for v in got], [v.numpy() for v in want])
+  capsys.readouterr()
+  for shown in (model, plain):
+    shown.summary()
+  lines = [line for line in capsys.readouterr().out.splitlines() if "Optimizer params" in line]
+  assert len(lines) == 2 and lines[0] == lines[1], lines
+  state = model.get_state_tree()["optimizer_variables"]
+  _assert_same(jax_free_leaves(state), jax_free_leaves(plain.get_state_tree()[
+      "optimizer_variables"]))
+
+
+def jax_free_leaves(tree) -> list:
+  """A nested dict's leaves in key order."""
+  if isinstance(tree, dict):
+    return [leaf for key in sorted(tree) for leaf in jax_free_leaves(tree[key])]
+  return [tree]

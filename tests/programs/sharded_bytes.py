@@ -2,9 +2,9 @@
 mirrored over N logical CPUs, and the distance to plain Keras's weights on one device.
 
 Prints `HELD {device: bytes}` (every TensorFlow variable alive but the model's weights, counted
-from the garbage collector's objects; with `parameters`, stage 3, every variable alive as
-training ends, the model's sharded weights among them, before `tfdist.fit` gives them back
-whole), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
+from the garbage collector's objects; with `parameters`, stage 3, every variable alive after
+`tfdist.fit` returned and Keras's own evaluate, predict and save ran, the model's sharded
+weights among them), `WEIGHTS bytes` (the model's, one copy), `SLOTS bytes`
 (Adam's two moments unsharded: twice the weights), `MAX_DIFF x` (the largest difference
 from plain Keras) and `COLLECTIVES {op type: elements}`: the elements each kind of collective
 op takes in, over every op TensorFlow put in a traced function during the fit
@@ -43,7 +43,6 @@ def plain():
 
 
 def main(replicas: str, mode: str, saved: str = "") -> None:
-  import keras
   import tfdist
   from tfdist.testing import held_beyond_weights, held_variables
   from tests import traced
@@ -56,17 +55,15 @@ def main(replicas: str, mode: str, saved: str = "") -> None:
                    "shard_gradients": mode in ("gradients", "parameters"),
                    "shard_parameters": mode == "parameters"}}
   x, y = custom_loop.data()
-  ended = {}
-
-  class Held(keras.callbacks.Callback):  # Stage 3's weights are sharded until fit ends.
-    def on_train_end(self, logs=None):
-      ended.update(held_variables())
   with traced.collectives() as collectives:
     model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,
-                       compile=compile_args, callbacks=[Held()]).model
-  held = ended if mode == "parameters" else held_beyond_weights(model)
+                       compile=compile_args).model
   if saved:  # Every worker saves (a collective gathers the optimizer's shards); one file.
     model.save(saved)
+  # Stage 3's model after fit returned, Keras's own evaluate and predict run on it, and saved.
+  model.evaluate(x[192:], y[192:], verbose=0)
+  model.predict(x[192:], verbose=0)
+  held = held_variables() if mode == "parameters" else held_beyond_weights(model)
   one = sum(w.numpy().nbytes for w in model.weights)
   print("HELD " + json.dumps(held), flush=True)
   print("COLLECTIVES " + json.dumps(traced.by_type(collectives)), flush=True)

@@ -77,8 +77,9 @@ def main(replicas: str, mode: str, model: str = "mlp") -> None:
   print(f"FIT_TRANSIENT_BYTES {measured['peak'] - measured['held']}", flush=True)
   print(f"FIT_PEAK_BYTES {measured['peak']}", flush=True)
   copies = []
-  for variable in model.trainable_variables:
-    for component in getattr(variable.value, "values", None) or [variable.value]:
+  held = getattr(model, "_tfdist_parameters", None)  # Stage 3: the shards are what it holds.
+  for variable in [held.flat] if held else [v.value for v in model.trainable_variables]:
+    for component in getattr(variable, "values", None) or [variable]:
       read = tf.function(lambda c=component: tf.reduce_sum(c.read_value()))
       read()  # Traced.
       tf.config.experimental.reset_memory_stats("CPU:0")

@@ -439,8 +439,8 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
 def _finish(run: _Run) -> None:
   """The model given back in the user's dtype policy (where tfdist chose half precision), then
   saved: tfdist's final model, and the user's `model.save` on the chief alone."""
-  from tfdist.training import checkpoints, dtype_policy, sharded_parameters, user_files
-  sharded_parameters.materialise(run.model)  # Whole weights again, on every worker.
+  from tfdist.training import checkpoints, dtype_policy, user_files
+  # Stage 3's weights stay sharded: the model never needs them whole on a worker.
   dtype_policy.give_back(run.model, run.chosen.policy, run.built_with)
   # Keras's own evaluate, predict and fit on the model run as the user compiled it.
   run.model.steps_per_execution = run.compiled_per_call

@@ -36,6 +36,7 @@ strategy: multi_worker_mirrored
 
 from __future__ import annotations
 
+import functools
 import types
 
 import keras
@@ -43,6 +44,9 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist.progress as progress
+from keras.src.backend.tensorflow.core import Variable as _KerasVariable  # Keras's TF variable
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+
 from tfdist.strategy import gradient_reduction
 from tfdist.training import reduce_scatter
 
@@ -109,6 +113,7 @@ def install(optimizer, strategy, gradients: bool = False) -> None:
     # there; a sparse one (an Embedding's rows) is summed as Keras sums it (every replica's rows).
     gradient_reduction.wrap(inner, _sparse_reduced)
   inner.build = types.MethodType(lambda self, variables: state.build(variables), inner)
+  inner.__class__ = _showing_whole_state(type(inner))
   inner._distributed_tf_update_step = types.MethodType(
       lambda self, distribution, grads_and_vars, learning_rate: state.update(
           distribution, grads_and_vars, learning_rate), inner)
@@ -240,6 +245,8 @@ class _Shards:
         self.anchor = keras.Variable(np.zeros([1], "float32"), trainable=False,
                                      name=f"{optimizer.name}_anchor")
     self.order = self.whole_order()
+    self.views = {key: _SlotView(self, key, variables[key[0]])
+                  for key in self.order if isinstance(key, tuple)}
     optimizer.built = True
 
   def update(self, distribution, grads_and_vars, learning_rate):
@@ -421,6 +428,31 @@ class _Shards:
     return {(i, name): piece.numpy() for name, whole in zip(sorted(self.slots), gathered)
             for i, piece in enumerate(self._pieces(whole))}
 
+  def slot_piece(self, key) -> tf.Tensor:
+    """Slot `key` ((variable index, slot name)) of one weight, whole, gathered from the
+    replicas' shards of that slot (under multi_worker_mirrored a collective: every worker
+    reads)."""
+    index, name = key
+    local = [c.read_value() for c in self.strategy.experimental_local_results(
+        self.slots[name].value)]
+    with progress.collective(progress.Collective.SHARDED_GATHER):
+      whole = self._gather(self.strategy, local)
+    return self._pieces(whole)[index]
+
+  def write_slot_piece(self, key, value) -> None:
+    """Slot `key` of one weight set to `value` (whole): each replica's part in its shard."""
+    index, name = key
+    begin = int(sum(self.sizes[:index]))
+    flat = np.reshape(np.asarray(value, self.weights.dtype), -1)
+    for component in self.strategy.experimental_local_results(self.slots[name].value):
+      replica = self.replica_of[tf.DeviceSpec.from_string(component.device).to_string()]
+      lo, hi = replica * self.size, (replica + 1) * self.size
+      a, b = max(begin, lo), min(begin + flat.size, hi)
+      if b > a:
+        shard = component.numpy()
+        shard[a - lo:b - lo] = flat[a - begin:b - begin]
+        component.assign(shard)
+
   def save(self, store, own_first) -> None:
     values = self._whole_slots()
     own = {v.name: v for v in self.optimizer._variables}
@@ -479,3 +511,59 @@ def _made_by(optimizer, build, key=lambda ref: None) -> dict:
   finally:
     del optimizer.add_variable_from_reference
   return made
+
+
+@functools.cache
+def _showing_whole_state(optimizer_class: type) -> type:
+  """`optimizer_class` whose `variables` are the unsharded optimizer's, in its order and
+  shapes: its own (iterations, learning rate) and, for each slot of each weight, a `_SlotView`.
+  Keras's `summary` counts them and `get_state_tree` reads them as it would plain Keras's. The
+  class keeps the optimizer's name and module: a saved model names the optimizer's own."""
+
+  def variables(self):
+    state = getattr(self, "tfdist_shards", None)  # None in a twin made from the config.
+    own = BaseOptimizer.variables.fget(self)
+    if not getattr(state, "views", None):
+      return own
+    by_name = {v.name: v for v in own}
+    return [state.views[key] if isinstance(key, tuple) else by_name[key] for key in state.order]
+
+  return type(optimizer_class.__name__, (optimizer_class,), {
+      "variables": property(variables), "__module__": optimizer_class.__module__,
+      "__qualname__": optimizer_class.__qualname__})
+
+
+class _SlotView(_KerasVariable):
+  """One slot of one weight as the unsharded optimizer holds it (Adam's `velocity` of a
+  kernel): its name, path, shape and dtype are Keras's; it holds nothing. Reading it gathers
+  that slot's parts from the replicas' shards (every worker at once, as for a save);
+  assigning it writes them."""
+
+  def __init__(self, shards: "_Shards", key, reference):  # pylint: disable=super-init-not-called
+    optimizer = shards.optimizer
+    self._shards, self._key = shards, key
+    self._name = f"{reference.path.replace('/', '_')}_{key[1]}"  # As Keras names a slot.
+    self._path = f"{optimizer.name}/{self._name}"
+    self._shape, self._ndim = tuple(reference.shape), len(reference.shape)
+    self._dtype = shards.weights.dtype
+    self._trainable, self._autocast, self._overwrite_with_gradient = False, False, False
+    self._aggregation, self._synchronization, self._layout = "none", "auto", None
+    self._initializer = self._regularizer = self._constraint = self._value = None
+
+  @property
+  def value(self):
+    return self._shards.slot_piece(self._key)
+
+  @property
+  def handle(self):
+    return self.value
+
+  def _direct_assign(self, value):
+    self._shards.write_slot_piece(self._key, value)
+
+  def _serialize_to_tensors(self):
+    return {"VARIABLE_VALUE": self.value}
+
+  def _restore_from_tensors(self, restored_tensors):
+    self.assign(restored_tensors["VARIABLE_VALUE"])
+    return self.value

@@ -22,9 +22,11 @@ FSDP's re-gather in the backward pass would need each layer's forward pass run a
 Reads outside a step (`get_weights`, `numpy`, `model.save`, a checkpoint) gather the variable's
 value across the replicas (under multi_worker_mirrored a collective: every worker reads, as
 Keras asks of a multi-worker save); writes (`set_weights`, `load_weights`, a backup restored)
-write each replica's part of the value into its shard. `tfdist.fit` gives the model its whole
-weights back when it ends (`materialise`): Keras's own evaluate, predict, fit, `model.save` and
-`model.export` then run on an ordinary model whose optimizer stays stage 2's.
+write each replica's part of the value into its shard. The model `tfdist.fit` returns keeps its
+weights sharded: Keras's own evaluate, predict and fit gather a bucket at a time as a step
+does, `model.save` and `get_weights` a weight at a time, and `model.export` (a SavedModel needs
+ordinary variables) holds the whole weights in host memory for its length (`whole_weights`).
+`materialise` makes them ordinary variables again for good.
 
 ```yaml
 training: {shard_optimizer: true, shard_gradients: true, shard_parameters: true}
@@ -118,7 +120,50 @@ def install(model, optimizer, strategy) -> "Parameters":
     variable._tfdist_class, variable.__class__ = type(variable), _sharded(type(variable))
     variable._value = None  # The whole weight, freed.
   model._tfdist_parameters = held
+  model.export = functools.partial(_export_whole, model.export, model)
   return held
+
+
+def _export_whole(export, model, filepath, *args, **kwargs):
+  """Keras's `model.export` (a SavedModel for TF Serving holds ordinary variables) with the
+  whole weights in host memory for its length (`whole_weights`)."""
+  with whole_weights(model):
+    return export(filepath, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def whole_weights(model):
+  """Within it, `model`'s sharded weights are ordinary variables in host memory holding the
+  whole values (each gathered alone from the replicas' shards); after it, sharded again (a
+  write within it is written into the shards). Every worker enters it at once (the gathers are
+  collectives under multi_worker_mirrored). Nothing when the weights are not sharded.
+
+  Args:
+    model: a model `install` sharded (`tfdist.fit` with `training.shard_parameters`).
+
+  Example:
+
+  ```python
+  history = tfdist.fit(make_model, x, y, config=config)   # stage 3: its weights stay sharded
+  with whole_weights(history.model):
+    tf.saved_model.save(history.model, "served")          # what needs real variables
+  ```
+  """
+  held = getattr(model, "_tfdist_parameters", None)
+  if held is None:
+    yield model
+    return
+  with tf.device("/cpu:0"):
+    whole = [tf.Variable(held.read(i), trainable=v.trainable, name=v.name)
+             for i, v in enumerate(held.variables)]
+  for variable, value in zip(held.variables, whole):
+    variable.__class__, variable._value = variable._tfdist_class, value
+  try:
+    yield model
+  finally:
+    for index, (variable, value) in enumerate(zip(held.variables, whole)):
+      variable.__class__, variable._value = _sharded(variable._tfdist_class), None
+      held.write(index, value)
 
 
 def materialise(model) -> None:
@@ -137,6 +182,7 @@ def materialise(model) -> None:
   held.shards.held = None  # The optimizer updates whole weights again (stage 2).
   held.release()
   model._tfdist_parameters = None
+  del model.export  # Keras's own.
 
 
 def describe_sharding(optimizer, variables, models) -> str | None:
