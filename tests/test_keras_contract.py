@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tfdist.testing import forked
 from tests.conftest import PROGRAMS, REPO
@@ -71,17 +72,24 @@ ALL_CASES = {"validation_split", "sample_weight", "class_weight", "initial_epoch
              "validation_steps", "sample_weight_dataset", "class_weight_dataset",
              "shuffled_dataset", "keras_methods", "guides_train_step",
              "several_inputs", "fine_tuning", "py_dataset"}
-def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path):
+STAGE_3 = "shard_optimizer: true, shard_gradients: true, shard_parameters: true, "
+_AVERAGED = "py_dataset"  # Its optimizer keeps moving averages (use_ema): stage 3 refuses it.
+
+
+@pytest.mark.parametrize("sharded", ["", STAGE_3], ids=["unsharded", "stage_3"])
+def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp_path, sharded):
   """Every case of tests/programs/keras_contract.py on 2 workers equals plain Keras on one
-  device. (At ZeRO stage 3 every case was equal too, run by hand 2026-11-29 with the three
-  `shard_*` keys; left out of the suite for its 15 minutes: sharding's own tests stand for it.)"""
+  device, unsharded and at ZeRO stage 3 (the weights, Adam's state and the gradients sharded
+  over the workers; Keras's own evaluate, predict and fit then run on the sharded model). At
+  stage 3 the case whose optimizer averages whole weights (use_ema) is refused in one line."""
   want = _one_device("keras_contract.py", "plain")
-  code, output = run_launch(
-      tmp_path, "cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
-      "mixed_precision: 'off'}\n", "keras_contract.py", "tfdist")
+  config = ("cluster: {worker: 2}\ntraining: {global_batch_size: 32, "
+            f"{sharded}mixed_precision: 'off'}}\n")
+  cases = sorted(ALL_CASES - ({_AVERAGED} if sharded else set()))
+  code, output = run_launch(tmp_path, config, "keras_contract.py", "tfdist", *cases)
   assert code == 0, output[-3000:]
   got = _results(output, "[worker-0] ")
-  assert want.keys() == got.keys() == ALL_CASES
+  assert got.keys() == set(cases) and want.keys() == ALL_CASES
   for case in got:
     _assert_same(got[case], want[case], case)
   # The user's total counts every row once (not once per worker, not one worker's half).
@@ -91,8 +99,15 @@ def test_keras_arguments_metrics_methods_and_a_seeded_shuffle_on_two_workers(tmp
   assert 32.0 in got["keras_methods"]["train_on_batch"], got["keras_methods"]
   assert len(got["keras_methods"]["predict_on_batch"]) == 32
   assert got["initial_epoch"]["epoch"] == [1, 2]
-  # A PyDataset's hooks as Keras calls them (its on_epoch_end reshuffles: each call counts).
-  assert got["py_dataset"]["hooks"] == want["py_dataset"]["hooks"]
+  if not sharded:  # A PyDataset's hooks as Keras calls them (on_epoch_end reshuffles).
+    assert got[_AVERAGED]["hooks"] == want[_AVERAGED]["hooks"]
+    return
+  (tmp_path / "averaged").mkdir()
+  code, output = run_launch(tmp_path / "averaged", config, "keras_contract.py", "tfdist",
+                            _AVERAGED)
+  assert code == 2 and "training.shard_optimizer: cannot shard this optimizer: an optimizer " \
+      "with use_ema keeps whole averages of every weight on every replica. Received: " \
+      "'Adam'" in output, output[-3000:]
 
 
 WEIGHED = ("sample_weight", "class_weight", "sample_weight_dataset", "class_weight_dataset")

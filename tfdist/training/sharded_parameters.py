@@ -121,7 +121,19 @@ def install(model, optimizer, strategy) -> "Parameters":
     variable._value = None  # The whole weight, freed.
   model._tfdist_parameters = held
   model.export = functools.partial(_export_whole, model.export, model)
+  model.compile = functools.partial(_compile_whole, model.compile, model)
   return held
+
+
+def _compile_whole(compile_method, model, *args, **kwargs):
+  """Keras's `model.compile` of a model with sharded weights: a new optimizer (Keras's
+  transfer-learning guide compiles again after unfreezing, so the trainable weights change)
+  knows no shards, so the weights are made whole first (`materialise`), said in one line."""
+  print("tfdist: compile after a sharded fit (training.shard_parameters): the weights are "
+        "whole again on every replica; Keras's own fit trains them unsharded, tfdist.fit "
+        "shards them again", flush=True)
+  materialise(model)
+  return compile_method(*args, **kwargs)
 
 
 def _export_whole(export, model, filepath, *args, **kwargs):
@@ -182,7 +194,7 @@ def materialise(model) -> None:
   held.shards.held = None  # The optimizer updates whole weights again (stage 2).
   held.release()
   model._tfdist_parameters = None
-  del model.export  # Keras's own.
+  del model.export, model.compile  # Keras's own.
 
 
 def describe_sharding(optimizer, variables, models) -> str | None:
