@@ -180,8 +180,10 @@ def _epochs_around_whole_and_none_twice(output: str) -> None:
   epochs = json.loads(re.search(r"\[worker-0\] EPOCHS (.*)", output)[1])
   assert epochs[0] == epochs[2] == [192, 0, 192], epochs
   once, again, trained = epochs[1]
-  # Measured (a data worker): 0, 4 and 15 examples lost in three runs; the bound is half.
-  assert again == 0 and once == trained and 96 <= trained <= 192, epochs
+  # What a killed data worker held, at most 3 batches of 16 (TensorFlow's
+  # FirstComeFirstServedTaskRunner): the one in its buffer of one, the one its prefetch thread
+  # made and waits to put there, the one it is building. Measured 0, 4 and 15 in three runs.
+  assert again == 0 and once == trained and 192 - 3 * 16 <= trained <= 192, epochs
 
 
 def test_fit_goes_on_when_a_data_worker_is_killed_mid_epoch_and_trains_on_no_example_twice(

@@ -4,6 +4,7 @@ on with 2 from the backup, at the same global batch, and ends with plain Keras's
 device. Below the minimum it fails naming the workers lost. Real launches on 127.0.0.1."""
 
 import json
+import re
 import os
 import signal
 import sys
@@ -50,6 +51,12 @@ def test_a_worker_gone_for_good_leaves_two_that_finish_with_one_devices_weights(
   assert ("worker-2 failed with no restarts left: going on without it, 2 worker(s) "
           "(--min-workers 2)") in output
   assert "the plan again: worker-0, worker-1 (without worker-2)" in output
+  # Resumed from the backup of epoch 2's end (1-based), that epoch redone, none before it.
+  resumed = "epoch 3, step 12" if loop else "epoch 3 of 4"
+  assert f"[worker-0] tfdist: resuming at {resumed} from" in output, output[-4000:]
+  begins = re.findall(r"^EPOCH_BEGIN (\d)", (tmp_path / "logs" / "worker-0.log").read_text(),
+                      re.M)
+  assert begins == ["0", "1", "2", "2", "3"], begins
   if not loop:  # The script loads its own file by path: the members reach it there too.
     log = (tmp_path / "logs" / "worker-1.log").read_text()
     assert log.count(f"tfdist: {tmp_path / 'config.yaml'} read as the launcher's current "
@@ -155,6 +162,16 @@ def test_per_host_launches_go_on_without_a_host_killed_9_and_take_it_back_in(tmp
     assert launcher.returncode == 0, output[-4000:]
   assert "not every launcher stopped its task" not in outputs[0], outputs[0][-4000:]
   assert "[worker-2] EPOCH_BEGIN 3" in outputs[2], outputs[2][-3000:]
+  # Where training resumed, as the chief's terminal says: after the loss at the start of epoch
+  # 2 (of 4) at its start from the epoch-1 backup, each survivor redoing that epoch alone (no
+  # step of epoch 1 again); after the take-back at the step the three agreed on.
+  resumed = re.findall(r"\[worker-0\] tfdist: resuming at (epoch \d of 4(?:, step \d+)?) from",
+                       outputs[0])
+  assert len(resumed) == 2 and resumed[0] == "epoch 2 of 4", resumed
+  for index in (0, 1):
+    begins = re.findall(r"^EPOCH_BEGIN (\d)", (tmp_path / f"logs-{index}" /
+                                                f"worker-{index}.log").read_text(), re.M)
+    assert begins[:3] == ["0", "1", "1"], begins
   result = next(line for line in outputs[0].splitlines() if "RESULT " in line)
   got = json.loads(result.split("RESULT ", 1)[1])
   for g, w in zip(got, elastic.train_plain(), strict=True):

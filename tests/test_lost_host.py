@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -61,11 +60,9 @@ def test_a_host_cut_off_is_named_by_the_other_hosts_launcher_as_the_lost_peer(tm
     seen = []
     read_until(launches[0], r"EPOCH_BEGIN 1", 180, seen)
     _ip("-n", names[1], "link", "set", devices[1], "down")  # Host B cut off.
-    cut = time.monotonic()
+    # Found by the coordination service's heartbeat time-out (~10 s, troubleshooting.md), as
+    # the line says; how soon is a figure of the machine's load, not checked here.
     line = read_until(launches[0], r"worker-1 was lost", 60, seen).string
-    # The coordination service's heartbeat time-out is ~10 s (troubleshooting.md says so); the
-    # wait above allows 60, so this bound can fail on its own.
-    assert time.monotonic() - cut < 30, time.monotonic() - cut
     assert "worker-1 was lost (TensorFlow's coordination service got no heartbeats from it" \
         in line and "the root cause; worker-0 failed" in line, line
     launches[0].wait(timeout=60)
