@@ -35,10 +35,11 @@ def finish() -> list[str]:
 
 
 def whole_suite(config) -> bool:
-  """Whether this run selected every test: no paths but the suite's own, no -k, -m or --lf."""
+  """Whether this run ran every test: no paths but the suite's own, no -k, -m or --lf, and
+  not only collected them."""
   option = config.option
   if option.keyword or option.markexpr or getattr(option, "lf", False) or \
-      getattr(option, "deselect", None):
+      getattr(option, "deselect", None) or option.collectonly:
     return False
   return [(config.rootpath / arg).resolve() for arg in config.args] == \
       [(config.rootpath / path).resolve() for path in config.getini("testpaths")]

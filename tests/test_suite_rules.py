@@ -67,3 +67,20 @@ def test_the_slowest_first_files_are_the_suites_and_the_slowest_come_first(reque
   files = list(dict.fromkeys(item.path.name for item in request.session.items))
   selected = [name for name in SLOWEST_FIRST if name in files]
   assert files[:len(selected)] == selected
+
+
+def test_the_readme_run_collects_every_test_of_every_file_and_deselects_none():
+  """The README's command (and so CI) runs every test: its collection equals that of every
+  test file named one by one, from each file, with nothing deselected (a second tier, a
+  default `-m`, or a file pytest's patterns miss would each fail this)."""
+  def collected(*paths):
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                           "-p", "no:cacheprovider", *paths], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTEST_ADDOPTS": ""})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "deselected" not in done.stdout.splitlines()[-1], done.stdout[-500:]
+    return sorted(line for line in done.stdout.splitlines() if "::" in line)
+  files = sorted(f"tests/{path.name}" for path in (REPO / "tests").glob("test_*.py"))
+  default = collected()
+  assert default == collected(*files)
+  assert sorted({test.split("::")[0] for test in default}) == files
