@@ -2,6 +2,8 @@
 When one fails, upstream has fixed the bug: delete the workaround in
 tfdist/training/keras_fixes.py and this test."""
 
+import contextlib
+import re
 import sys
 
 import pytest
@@ -208,9 +210,11 @@ def test_a_second_asynchronous_checkpoint_holds_its_own_step_with_the_fix(tmp_pa
     np.testing.assert_array_equal(got, want)
 
 
-def _steps_of_each_epoch(fixed: bool) -> list[int]:
+def _steps_of_each_epoch(fixed: bool, bar: bool = False, verbose: int = 0,
+                         strategy=None) -> list[int]:
   """Keras's fit over data whose passes grow (2, then 3, then 4 batches), as the tf.data
-  service's passes differ: the steps Keras ran in each epoch."""
+  service's passes differ: the steps Keras ran in each epoch (`bar`: with Keras's progress bar
+  fixed too, under `strategy` with tfdist's fixes for it, as `tfdist.fit` runs it)."""
   from tensorflow.python.ops import resource_variable_ops
   from tfdist.training import keras_fixes
   passes = resource_variable_ops.ResourceVariable(1, dtype=tf.int64)
@@ -219,14 +223,18 @@ def _steps_of_each_epoch(fixed: bool) -> list[int]:
     return tf.data.Dataset.range(passes.assign_add(1)).map(
         lambda i: (tf.ones((2, 1)), tf.ones((2, 1))))
   data = tf.data.Dataset.from_tensors(0).flat_map(a_longer_pass)
-  model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-  model.compile("sgd", "mse")
+  with strategy.scope() if strategy else contextlib.nullcontext():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
   steps = []
   counted = keras.callbacks.LambdaCallback(
       on_epoch_begin=lambda epoch, logs: steps.append(0),
       on_train_batch_end=lambda batch, logs: steps.__setitem__(-1, steps[-1] + 1))
-  with keras_fixes.epochs_of_their_own_length() if fixed else without_fixes():
-    model.fit(data, epochs=3, callbacks=[counted], verbose=0)
+  with keras_fixes.epochs_of_their_own_length() if fixed else without_fixes(), \
+      keras_fixes.fixed_for(model, strategy, training=True) if strategy else \
+      contextlib.nullcontext(), \
+      keras_fixes.each_epochs_own_progress_bar() if bar else contextlib.nullcontext():
+    model.fit(data, epochs=3, callbacks=[counted], verbose=verbose)
   return steps
 
 
@@ -239,6 +247,26 @@ def test_tensorflow_41571_keras_cuts_a_longer_epoch_to_the_first_ones_length():
 
 def test_each_epoch_reads_its_own_pass_to_its_end_with_the_fix():
   assert _steps_of_each_epoch(fixed=True) == [2, 3, 4]
+
+
+def _bars(output: str) -> list[tuple[int, int]]:
+  """Keras's end-of-epoch progress lines (`verbose=2`): (steps shown, of)."""
+  return [(int(a), int(b)) for a, b in re.findall(r"^(\d+)/(\d+) - ", output, re.M)]
+
+
+def test_keras_progress_bar_shows_the_first_epochs_count_for_every_later_epoch(capsys):
+  steps = _steps_of_each_epoch(fixed=True, verbose=2)
+  assert steps == [2, 3, 4] and _bars(capsys.readouterr().out) == [(2, 2), (2, 2), (2, 2)], \
+      "Keras's bar counts each epoch's steps: drop keras_fixes.each_epochs_own_progress_bar"
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_the_progress_bar_counts_each_epochs_own_steps_with_the_fix(capsys):
+  """Counted from the optimizer's updates, which tfdist's step (`first_step`) counts right;
+  the reference is Keras's own batch callbacks, a step each (steps_per_execution 1)."""
+  steps = _steps_of_each_epoch(fixed=True, bar=True, verbose=2,
+                               strategy=tfdist.mirrored(logical_cpus=2))
+  assert _bars(capsys.readouterr().out) == [(s, s) for s in steps] == [(2, 2), (3, 3), (4, 4)]
 
 
 def test_keras_takes_a_guides_own_train_step_logs_over_its_metrics_read_across_replicas():

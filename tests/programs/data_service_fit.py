@@ -2,7 +2,8 @@
 example) run by the launch's tf.data service: `tfdist.fit`, or `tfdist.TrainingLoop` with
 LOOP=1; with OWN_STEP=1 a model subclass with its own `train_step`, as Keras's "Customizing
 what happens in fit()" guide writes it (the global batch then the dataset's: 16 when the config
-gives none). With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits
+gives none); fit prints Keras's progress lines (verbose=2) and `STEPS n`, the updates of each
+epoch. With MIDWAY=1 the chief prints `MIDWAY` after the third call of epoch 1 and waits
 3 s (a test kills a data worker then). Each example's target is its id; Keras Metric subclasses
 count how many times each id was trained on in the epoch, over every worker. The chief prints
 `EPOCHS <json>`: per epoch, [ids trained on once, ids trained on more than once, ids trained
@@ -79,6 +80,16 @@ def model():
   return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 
 
+class Steps(keras.callbacks.Callback):
+  """Prints `STEPS n` at each epoch's end: the optimizer's updates in the epoch."""
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.began = int(self.model.optimizer.iterations.numpy())
+
+  def on_epoch_end(self, epoch, logs=None):
+    print(f"STEPS {int(self.model.optimizer.iterations.numpy()) - self.began}", flush=True)
+
+
 class Midway(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     if self.epoch == 1 and batch == 2 and tfdist.is_chief():
@@ -93,8 +104,8 @@ def with_fit(config):
   history = tfdist.fit(model, dataset(config.training.global_batch_size or 16), config=config,
                        compile=lambda: dict(optimizer=keras.optimizers.SGD(1e-6), loss="mse",
                                             metrics=[Once(), Again(), Seen()]),
-                       epochs=EPOCHS, verbose=0,
-                       callbacks=[Midway()] if os.environ.get("MIDWAY") else [])
+                       epochs=EPOCHS, verbose=2, callbacks=[Steps()] +
+                       ([Midway()] if os.environ.get("MIDWAY") else []))
   return [[history.history[k][e] for k in ("once", "again", "seen")] for e in range(EPOCHS)]
 
 
