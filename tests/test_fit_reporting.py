@@ -213,3 +213,21 @@ def test_training_seed_seeds_a_script_that_seeds_nothing():
   from keras.src.backend.common import global_state
   global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, None)  # A fresh script.
   _assert_built_as(want)
+
+
+def test_keras_progress_bar_ends_each_epoch_at_the_steps_it_ran(capsys):
+  """A dataset function under mirrored on 2 replicas: 512 rows at a global batch of 32 are 16
+  steps an epoch (by hand); Keras alone counted the pipeline's 32 per-replica batches
+  ("32/32", its ms/step halved)."""
+  import re
+  x = np.random.default_rng(0).random((512, 4), dtype=np.float32)
+
+  def dataset_fn(context):
+    return tf.data.Dataset.from_tensor_slices((x, x[:, :1])).shard(
+        context.num_input_pipelines, context.input_pipeline_id).batch(
+            context.get_per_replica_batch_size(32))
+  tfdist.fit(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), dataset_fn,
+             epochs=2, verbose=2, compile=lambda: dict(optimizer="sgd", loss="mse"),
+             config={"strategy": "mirrored", "devices": {"logical_cpus": 2},
+                     "training": {"global_batch_size": 32, "mixed_precision": "off"}})
+  assert re.findall(r"^(\d+)/(\d+) - ", capsys.readouterr().out, re.M) == [("16", "16")] * 2

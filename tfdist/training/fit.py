@@ -427,7 +427,7 @@ def _fit_synchronously(run: _Run, validation_data, callbacks, fit_kwargs):
         data.empty_batches_explained("train_data"), \
         replica_math.unscaled_keras_losses() if own_step else contextlib.nullcontext(), \
         keras_fixes.epochs_of_their_own_length() if run.served else contextlib.nullcontext(), \
-        keras_fixes.each_epochs_own_progress_bar() if run.served else contextlib.nullcontext(), \
+        keras_fixes.each_epochs_own_progress_bar(), \
         reading.dispatcher_restarts_explained() if run.served else contextlib.nullcontext():
       part = model.fit(stream, epochs=end, initial_epoch=start, steps_per_epoch=steps,
                        validation_data=validation,

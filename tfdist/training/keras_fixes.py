@@ -423,15 +423,16 @@ def epochs_of_their_own_length():
 
 @contextlib.contextmanager
 def each_epochs_own_progress_bar():
-  """Keras's progress bar counts each epoch's own steps where epochs differ in length.
+  """Keras's progress bar ends each epoch at the steps it ran.
 
   Keras's ProgbarLogger takes the first epoch's count of steps for the length of every later
   epoch of data of unknown length (`_finalize_progbar` keeps `target`), and finalizes each
   epoch at it: under the tf.data service, an epoch of 15 steps said "13/13" and its ms/step
   divided its time by 13 (keras/src/callbacks/progbar_logger.py; no upstream issue found).
   tfdist's served stream tells Keras a length its epochs seldom have (the pieces arrive apart:
-  "32/32" for 19 steps: Keras numbers each call of `steps_per_execution` steps as full), so
-  inside, every epoch's bar ends at the optimizer's updates of the epoch.
+  "32/32" for 19 steps: Keras numbers each call of `steps_per_execution` steps as full), and a
+  dataset function's count is its pipeline's batches. Inside, each epoch's last line (and its
+  ms/step) is at the optimizer's updates of the epoch; the bar before it keeps Keras's guess.
   tests/test_keras_fixes.py runs Keras's bar unfixed: delete this once it counts right.
   """
   from keras.src.callbacks import progbar_logger
@@ -442,7 +443,7 @@ def each_epochs_own_progress_bar():
     return int(model.optimizer.iterations.numpy())  # This worker's copy: no collective.
 
   def own_count(self, epoch, logs=None):
-    self.target, self.tfdist_began = None, updates(self.model)
+    self.tfdist_began = updates(self.model)
     return begin(self, epoch, logs)
 
   def at_what_ran(self, epoch, logs=None):
