@@ -1,5 +1,5 @@
-"""Optimizer-state sharding (`training.shard_optimizer`, ZeRO stage 1), gradient sharding
-(`training.shard_gradients`, stage 2) and parameter sharding (`training.shard_parameters`,
+"""Optimizer-state sharding (`training.zero_stage: 1`), gradient sharding (`zero_stage: 2`)
+and parameter sharding (`zero_stage: 3`,
 stage 3) against the unsharded run, N = 2, 3 and 4 replicas: as logical CPUs of one process
 (mirrored) and as worker processes on 127.0.0.1 (multi_worker_mirrored, each pinned to a core:
 more workers than cores share them). The benchmark MLP (1.86 M parameters, Adam, float32, 256
@@ -46,10 +46,8 @@ flags.DEFINE_list("replicas", ["2", "3", "4"], "Replica counts.")
 flags.DEFINE_bool("peak", False, "Measure each worker process's allocator peak instead.")
 flags.DEFINE_bool("cap", False, "Train each setup under an allocator cap only stage 3 fits.")
 FLAGS = flags.FLAGS  # --rounds: bench_scaling's flag (interleaved runs of each setup).
-STAGES = {"unsharded": {}, "stage 1": {"shard_optimizer": "true"},
-          "stage 2": {"shard_optimizer": "true", "shard_gradients": "true"},
-          "stage 3": {"shard_optimizer": "true", "shard_gradients": "true",
-                      "shard_parameters": "true"}}
+STAGES = {"unsharded": {}, "stage 1": {"zero_stage": "1"}, "stage 2": {"zero_stage": "2"},
+          "stage 3": {"zero_stage": "3"}}
 
 
 def sent(stage: str, n: int) -> float:

@@ -40,9 +40,8 @@ BAD_CONFIGS = [
     ("unknown_training_key", "training: {epoch: 3}\n", None, None,
      "{f}: training.epoch: unknown key; the keys here are: global_batch_size, "
      "per_replica_batch_size, epochs, steps_per_epoch, steps_per_execution, jit_compile, "
-     "fused_optimizer, mixed_precision, gradient_accumulation_steps, shard_optimizer, "
-     "shard_gradients, shard_parameters, gradient_compression, average_every, scale_learning_rate, "
-     "warmup_epochs, seed. "
+     "fused_optimizer, mixed_precision, gradient_accumulation_steps, zero_stage, "
+     "gradient_compression, average_every, scale_learning_rate, warmup_epochs, seed. "
      "Received: 'epoch'"),
     ("unknown_job", "cluster: {master: ['127.0.0.1:2000']}\n", None, None,
      "{f}: cluster.master: unknown job; the jobs are: chief, worker, ps, evaluator, dispatcher, "
@@ -116,11 +115,10 @@ BAD_CONFIGS = [
      "{f}: cluster.chief: parameter_server needs one chief task, the coordinator that runs the "
      "training script. Received: 0"),
     # Before, `tfdist check` passed it and training refused it (issue 86).
-    ("stage3_accumulation", "strategy: mirrored\ntraining: {shard_optimizer: true, "
-     "shard_gradients: true, shard_parameters: true, gradient_accumulation_steps: 2}\n", None,
-     None, "{f}: training.shard_parameters: cannot be combined with "
-     "training.gradient_accumulation_steps above 1: gradient accumulation keeps a whole "
-     "accumulator of every weight on every replica. Received: True"),
+    ("stage3_accumulation", "strategy: mirrored\ntraining: {zero_stage: 3, "
+     "gradient_accumulation_steps: 2}\n", None, None, "{f}: training.zero_stage: stage 3 cannot "
+     "be combined with training.gradient_accumulation_steps above 1: gradient accumulation "
+     "keeps a whole accumulator of every weight on every replica. Received: 3"),
     ("ps_sharding", PS_HOSTS + "strategy: {name: parameter_server, max_shards: 2}\n", None, None,
      "{f}: strategy.max_shards: must be 1: Keras 3 optimizers cannot update sharded variables "
      "('ShardedVariable' object has no attribute 'handle'). Received: 2"),

@@ -70,7 +70,7 @@ _KILLS = {
     "whole": ("", "", {"PAUSE_AFTER_EPOCH": str(KILLED_AFTER_EPOCH)}, (KILLED_AFTER_EPOCH, 0)),
     # Mid-epoch, sharded (issue 34: each backup holds the whole optimizer, gathered from the
     # shards): the step backup of step 3 (every 3 steps, issue 59), killed after step 5.
-    "sharded": ("training: {shard_optimizer: true}\n",
+    "sharded": ("training: {zero_stage: 1}\n",
                 ", backup_every_steps: 3, backup_budget: null",
                 {"PAUSE_AT": "2:5"}, (2, 3)),
 }

@@ -92,7 +92,7 @@ def test_the_coordinator_still_runs_each_call_in_worker_process_closure():
 # must enter.
 _AUDITED = {
     "fit": ("backup_every_steps: 2",
-            "training: {global_batch_size: 32, shard_optimizer: true, steps_per_execution: 2}\n"
+            "training: {global_batch_size: 32, zero_stage: 1, steps_per_execution: 2}\n"
             "tensorboard: {log_dir: %(tmp)s/tb}\n", {},
             {"compiled function", "all_reduce_v2", "all_gather_v2"},
             {"KERAS_LOOP", "PREEMPTION_AGREEMENT", "BACKUP_AGREEMENT", "STEP_TIMES",

@@ -279,8 +279,8 @@ def test_the_estimate_says_which_zero_stage_makes_a_model_fit():
   assert estimates.recommend(plan, whole.total).startswith("data parallel: the whole model")
   only = (totals["sharded_parameters"] + min(whole.total, totals["sharded_gradients"])) // 2
   said = estimates.recommend(plan, only)
-  assert said.startswith("data parallel with the weights sharded too (training.shard_optimizer,"
-                         " training.shard_gradients and training.shard_parameters: true) fits "
+  assert said.startswith("data parallel with the weights sharded too (training.zero_stage: 3) "
+                         "fits "
                          "(no stage before it does): "), said
   plan["refused"] = {"sharded_parameters": "weight_decay decays whole weights"}
   assert "refuses this model: weight_decay decays whole weights" in \
@@ -321,8 +321,8 @@ def test_tfdist_estimate_names_stage_3_where_only_it_fits(tmp_path):
   capped = forked.run(command + ["--memory", f"{memory:.2f}MiB"], cwd=tmp_path, env=ENV,
                       timeout=120)
   assert capped.returncode == 0, capped.stderr[-2000:]
-  assert ("data parallel with the weights sharded too (training.shard_optimizer, "
-          "training.shard_gradients and training.shard_parameters: true) fits (no stage before "
+  assert ("data parallel with the weights sharded too (training.zero_stage: 3) fits (no stage "
+          "before "
           "it does): ") in capped.stdout, capped.stdout
 
 
@@ -428,7 +428,7 @@ def test_tfdist_estimate_reads_the_clusters_replicas_and_the_sharded_optimizer(t
   tests/test_step_memory.py)."""
   from tests.launching import ENV
   (tmp_path / "models.py").write_text(_ESTIMATED_MODELS)
-  sharding = ", shard_optimizer: true" if workers > 1 else ""
+  sharding = ", zero_stage: 1" if workers > 1 else ""
   (tmp_path / "config.yaml").write_text(f"cluster: {{worker: {workers}}}\n"
                                         f"training: {{global_batch_size: 64{sharding}}}\n")
   done = forked.run([sys.executable, "-m", "tfdist", "estimate", "config.yaml", "--model",

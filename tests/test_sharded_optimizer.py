@@ -1,4 +1,4 @@
-"""Optimizer-state sharding (issue 34, `training.shard_optimizer`): under mirrored each device
+"""Optimizer-state sharding (issue 34, `training.zero_stage: 1`): under mirrored each device
 holds half of the optimizer's slots, the weights are the unsharded run's (Adam and SGD with
 momentum; with gradient accumulation, global-norm clipping and float16 loss scaling), a saved
 .keras file is an ordinary one whose optimizer state is the unsharded run's, and what cannot be
@@ -34,12 +34,12 @@ def _model():
                            keras.layers.Dense(2)])
 
 
-def _fit(optimizer, shard, clip=None, **training):
+def _fit(optimizer, stage, clip=None, **training):
   """The model `tfdist.fit` trained on mirrored over 2 logical CPUs, with Keras's own update
   (a sharded optimizer's; the reference's fused kernel rounds otherwise under float16)."""
   config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
                                      "mixed_precision": "off", "steps_per_execution": 1,
-                                     "shard_optimizer": shard, "fused_optimizer": False,
+                                     "zero_stage": stage, "fused_optimizer": False,
                                      **training}}
   x, y = custom_loop.data()
   return tfdist.fit(_model, x, y, config=config, shuffle=False, verbose=0, compile=lambda: dict(
@@ -94,13 +94,13 @@ def _assert_same(a, b, atol=1e-5):
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras(optimizer, capsys):
-  whole, sharded = _plain(optimizer), _fit(optimizer, True)
+  whole, sharded = _plain(optimizer), _fit(optimizer, 1)
   slots = {"adam": 2, "sgd_momentum": 1}[optimizer]
   weights = sum(w.size for w in whole.get_weights()) * 4
   saved = slots * weights / 2 / 2**20
   name = type(sharded.optimizer).__name__
   assert f"{name}'s state sharded over 2 replicas, {saved:.2f} MiB less on each " \
-         "(training.shard_optimizer: false)" in capsys.readouterr().out
+         "(training.zero_stage: 0)" in capsys.readouterr().out
   _assert_same(sharded.get_weights(), whole.get_weights())
   inner = sharded.optimizer
   # What it holds of its own: no whole slot (its `variables` show Keras's list, each slot a
@@ -139,8 +139,7 @@ def test_sharded_equals_plain_keras_with_accumulation_clipping_and_loss_scaling(
   optimizer = "sgd_momentum" if half else "adam"
   want = _clipped_mirrored("float16") if half else _clipped_mirrored(clip) \
       if clip and stage >= 2 else _plain(optimizer, clip, **training).get_weights()
-  sharded = _fit(optimizer, True, clip, shard_gradients=stage >= 2,
-                 shard_parameters=stage == 3, **training)
+  sharded = _fit(optimizer, stage, clip, **training)
   # Against plain Keras's own MirroredStrategy under float16 (each replica's half batch
   # rounded as there): 3.7e-5 at every stage (2026-12-05), the rounding of where the loss is
   # divided by the replicas; against one device it was 4.3e-4 to 7.0e-3.
@@ -158,7 +157,7 @@ def test_keras_global_clipnorm_under_mirrored_equals_one_device():
 
 
 def test_a_saved_model_is_an_ordinary_keras_file_with_the_whole_optimizer(tmp_path):
-  whole, sharded = _plain("adam"), _fit("adam", True)
+  whole, sharded = _plain("adam"), _fit("adam", 1)
   sharded.save(tmp_path / "sharded.keras")
   np.savez(tmp_path / "whole.npz", *[np.asarray(v) for v in whole.optimizer.variables])
   program = (  # A plain process: Keras alone, no tfdist imported.
@@ -207,15 +206,15 @@ def test_a_backup_resumes_resharded_over_another_replica_count(tmp_path, stage):
 ])
 def test_what_cannot_be_sharded_is_refused_in_one_line(changes, message):
   config = {**MIRRORED, **changes,
-            "training": {**changes.get("training", {}), "shard_optimizer": True}}
+            "training": {**changes.get("training", {}), "zero_stage": 1}}
   with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.load_config(config)
-  assert str(refused.value).startswith("<dict>: training.shard_optimizer: " + message)
+  assert str(refused.value).startswith("<dict>: training.zero_stage: " + message)
   assert "\n" not in str(refused.value)
 
 
 def _sharding(stage: int) -> dict:
-  return {"shard_optimizer": True, "shard_gradients": stage >= 2, "shard_parameters": stage == 3}
+  return {"zero_stage": stage}
 
 
 @pytest.mark.parametrize("stage, optimizer", [(1, "adam"), (2, "adagrad"), (3, "adam"),
@@ -298,18 +297,18 @@ def test_a_sparse_gradient_across_two_worker_processes_trains_as_plain_keras(tmp
 
 
 def test_an_optimizer_whose_update_is_not_elementwise_is_refused():
-  config = {**MIRRORED, "training": {"shard_optimizer": True, "epochs": 1,
+  config = {**MIRRORED, "training": {"zero_stage": 1, "epochs": 1,
                                      "global_batch_size": 32}}
   x, y = custom_loop.data()
   with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.fit(_model, x, y, config=config, verbose=0, compile=lambda: dict(
         optimizer=keras.optimizers.Lamb(), loss="sparse_categorical_crossentropy"))
   assert str(refused.value).startswith(
-      "<dict>: training.shard_optimizer: cannot shard this optimizer: Lamb's update")
+      "<dict>: training.zero_stage: cannot shard this optimizer: Lamb's update")
   assert sharded_optimizer.refusal(keras.optimizers.Adam()) is None
   assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1)) == (
       "SGD without momentum keeps no state to shard (its gradients can be: "
-      "training.shard_gradients: true)")
+      "training.zero_stage: 2)")
   assert sharded_optimizer.refusal(keras.optimizers.SGD(0.1), gradients=True) is None
 
 
@@ -388,7 +387,7 @@ def test_each_replica_holds_one_nth_of_the_optimizer_state_counting_every_variab
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(replicas):
-  """Stage 2 (`training.shard_gradients`): Keras's all-reduce left out, each replica
+  """Stage 2 (`training.zero_stage: 2`): Keras's all-reduce left out, each replica
   reduce-scatters its own gradients and updates its shard with its shard of their sum (a sum
   taken twice, or not at all, would move the weights away from plain Keras's). The state held
   is stage 1's; the reduced gradients are a shard, a tensor of the step."""
@@ -408,7 +407,7 @@ def test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients(r
 
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_stage_3_equals_plain_keras_and_each_device_holds_one_nth(replicas):
-  """Stage 3 (`training.shard_parameters`): every TensorFlow variable the process holds after
+  """Stage 3 (`training.zero_stage: 3`): every TensorFlow variable the process holds after
   `tfdist.fit` returned and Keras's own evaluate and predict ran (before: the whole weights
   given back to every device, 0.83 of unsharded), the model's own among them, counted from the
   garbage collector: each device
@@ -486,8 +485,8 @@ def _step_peak(tmp_path, mode: str, replicas_as: str):
     config = tmp_path / "config.yaml"
     config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
                       "training: {global_batch_size: 32, epochs: 1, mixed_precision: 'off', "
-                      "steps_per_execution: 1, fused_optimizer: false, shard_optimizer: true, "
-                      f"shard_gradients: true, shard_parameters: {str(mode == 'parameters').lower()}}}\n")
+                      "steps_per_execution: 1, fused_optimizer: false, "
+                      f"zero_stage: {3 if mode == 'parameters' else 2}}}\n")
     program = [sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
                str(tmp_path / "logs"), "--verbose", "--", *program]  # Every task's output.
   done = forked.run(program, env=ENV, cwd=REPO, timeout=240)
@@ -518,9 +517,7 @@ def test_each_stage_across_two_worker_processes_equals_plain_keras(tmp_path, sta
   config = tmp_path / "config.yaml"
   config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
                     "training: {global_batch_size: 96, epochs: 2, mixed_precision: 'off', "
-                    "steps_per_execution: 1, fused_optimizer: false, shard_optimizer: true, "
-                    f"shard_gradients: {str(stage >= 2).lower()}, "
-                    f"shard_parameters: {str(stage == 3).lower()}}}\n")
+                    f"steps_per_execution: 1, fused_optimizer: false, zero_stage: {stage}}}\n")
   saved = tmp_path / "model.keras"
   done = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--logs",
                          str(tmp_path / "logs"), "--verbose", "--", sys.executable, "-m",
@@ -555,10 +552,19 @@ def test_each_stage_across_two_worker_processes_equals_plain_keras(tmp_path, sta
     _assert_same(loaded.get_weights(), sharded_bytes.plain())
 
 
-def test_stage_2_without_stage_1_is_refused_in_one_line():
+def test_the_old_spelling_reads_as_the_stage_with_a_notice_and_a_gap_is_refused():
+  """0.1's three booleans: read as `training.zero_stage` with a one-line notice until 0.2; a
+  stage without the one before it is refused in one line naming the key."""
+  with pytest.warns(FutureWarning, match=r"^training.\{shard_optimizer: true, shard_gradients: "
+                    r"true\} is now training.zero_stage: 2; the old spelling goes in 0.2$"):
+    config = tfdist.load_config({**MIRRORED, "training": {"shard_optimizer": True,
+                                                          "shard_gradients": True}})
+  assert config.training.zero_stage == 2
   with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.load_config({**MIRRORED, "training": {"shard_gradients": True}})
   assert str(refused.value) == (
-      "<dict>: training.shard_gradients: needs training.shard_optimizer: true (stage 2 reduces "
-      "each replica's shard of the gradients for its shard of the optimizer's state). "
-      "Received: True")
+      "<dict>: training.shard_gradients: needs training.shard_optimizer: true (stage 2 shards "
+      "on top of stage 1); or give training.zero_stage: 2. Received: True")
+  with pytest.raises(tfdist.ConfigError, match=r"training.zero_stage: must be 0, 1, 2 or 3\. "
+                     "Received: 4"):
+    tfdist.load_config({**MIRRORED, "training": {"zero_stage": 4}})

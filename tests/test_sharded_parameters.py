@@ -1,4 +1,4 @@
-"""Parameter sharding (issue 62, `training.shard_parameters`, ZeRO stage 3) as a Keras user meets
+"""Parameter sharding (issue 62, `training.zero_stage: 3`) as a Keras user meets
 it: a user's own `tfdist.TrainingLoop` step and a subclass's own `train_step` train as on one
 device; during `tfdist.fit` the user's callbacks read whole weights and validation is plain
 Keras's; after it the model is an ordinary one (Keras's evaluate, predict, save, load); what
@@ -19,7 +19,7 @@ from tests.launching import ENV, printed
 from tests.programs import custom_loop, custom_train_step
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
-STAGE_3 = {"shard_optimizer": True, "shard_gradients": True, "shard_parameters": True}
+STAGE_3 = {"zero_stage": 3}
 MIRRORED = {"strategy": "mirrored", "devices": {"logical_cpus": 2}}
 
 
@@ -223,16 +223,14 @@ def test_keras_sees_an_ordinary_model_during_and_after_fit(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("training,layer,optimizer,message", [
-    ({"shard_gradients": False}, None, None,
-     "needs training.shard_gradients: true (stage 3 updates"),
     ({}, {"kernel_constraint": "non_neg"}, None,
      "cannot shard this model's weights: a constraint rewrites a whole weight"),
     ({}, None, lambda: keras.optimizers.AdamW(0.01),
      "cannot shard this model's weights: weight_decay decays whole weights"),
     ({"gradient_accumulation_steps": 2}, None, None,  # A config's rule: `tfdist check` too.
-     "cannot be combined with training.gradient_accumulation_steps above 1: gradient "
-     "accumulation keeps a whole accumulator"),
-], ids=["without_stage_2", "constraint", "weight_decay", "accumulation"])
+     "stage 3 cannot be combined with training.gradient_accumulation_steps above 1: "
+     "gradient accumulation keeps a whole accumulator"),
+], ids=["constraint", "weight_decay", "accumulation"])
 def test_what_cannot_be_sharded_is_refused_in_one_line(training, layer, optimizer, message):
   config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 1,
                                      "mixed_precision": "off", **STAGE_3, **training}}
@@ -247,7 +245,7 @@ def test_what_cannot_be_sharded_is_refused_in_one_line(training, layer, optimize
   with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.fit(model_fn, x, y, config=config, verbose=0)
   assert str(refused.value).startswith(
-      f"<dict>: training.shard_parameters: {message}"), \
+      f"<dict>: training.zero_stage: {message}"), \
       str(refused.value)
   assert "\n" not in str(refused.value)
 
@@ -259,7 +257,7 @@ def test_a_strategy_whose_replicas_do_not_each_hold_the_weights_is_refused_in_on
   with pytest.raises(tfdist.ConfigError) as refused:
     tfdist.load_config({"strategy": strategy, "training": STAGE_3})
   assert str(refused.value).startswith(
-      "<dict>: training.shard_optimizer: needs strategy mirrored or multi_worker_mirrored"), \
+      "<dict>: training.zero_stage: needs strategy mirrored or multi_worker_mirrored"), \
       str(refused.value)
   assert "\n" not in str(refused.value)
 
@@ -275,9 +273,8 @@ def test_the_optimizers_state_is_shown_as_keras_shows_it_at_every_stage(stage, c
   plain = _compiled(_model())
   plain.fit(x[:192], y[:192], batch_size=32, epochs=2, shuffle=False, verbose=0)
   keras.backend.clear_session()
-  keys = ("shard_optimizer", "shard_gradients", "shard_parameters")[:stage]
   config = {**MIRRORED, "training": {"global_batch_size": 32, "epochs": 2,
-                                     "mixed_precision": "off", **{k: True for k in keys}}}
+                                     "mixed_precision": "off", "zero_stage": stage}}
   model = tfdist.fit(lambda: _compiled(_model()), x[:192], y[:192], config=config,
                      shuffle=False, verbose=0).model
   got, want = model.optimizer.variables, plain.optimizer.variables

@@ -171,9 +171,9 @@ def test_a_strategy_is_added_by_its_declaration_and_its_builder_alone(monkeypatc
   assert tfdist.replica_count(config) == 1
   assert "strategy.device" in dict(reference.rows()) and "pinned" in reference.markdown()
   assert "replicas in sync: 1" in check.render(config, 0)
-  with pytest.raises(ConfigError, match=r"training.shard_optimizer: needs strategy mirrored or "
+  with pytest.raises(ConfigError, match=r"training.zero_stage: needs strategy mirrored or "
                                         r"multi_worker_mirrored.*pinned does not"):
-    load_config({"strategy": "pinned", "training": {"shard_optimizer": True}})
+    load_config({"strategy": "pinned", "training": {"zero_stage": 1}})
   with pytest.raises(ConfigError, match=r"pinned runs on one machine"):
     load_config({"strategy": "pinned", "cluster": {"worker": 2}})
   with pytest.raises(ConfigError, match=r"parallel.stages: needs strategy default"):

@@ -55,7 +55,7 @@ class _Probe(keras.callbacks.Callback):
     self.seen = _observe(self.model, self.model.optimizer)
 
 
-# SGD with momentum: a state to shard (training.shard_optimizer refuses plain SGD's none).
+# SGD with momentum: a state to shard (training.zero_stage: 1 refuses plain SGD's none).
 
 
 def run_fit(config: dict) -> dict:
@@ -106,13 +106,10 @@ ASKED = {
     "training.gradient_accumulation_steps": (DEFAULT,
                                              {"training": {"gradient_accumulation_steps": 2}},
                                              lambda on, off: _moved(on, off)),
-    "training.shard_optimizer": (MIRRORED, {"training": {"shard_optimizer": True}},
-                                 lambda on, off: on["sharded"] and not off["sharded"] and
-                                 not _moved(on, off)),
-    "training.shard_gradients": (MIRRORED, {"training": {"shard_optimizer": True,
-                                                         "shard_gradients": True}},
-                                 lambda on, off: on["scattered"] and not off["scattered"] and
-                                 not _moved(on, off)),
+    "training.zero_stage": (MIRRORED, {"training": {"zero_stage": 2}},
+                            lambda on, off: on["sharded"] and on["scattered"] and
+                            not off["sharded"] and not off["scattered"] and
+                            not _moved(on, off)),
     "parallel.stages": (DEFAULT, {"parallel": {"stages": [[0], [1]]}},
                         lambda on, off: on["split"] and not off["split"]),
     "checkpoint.preemption_signal": (DEFAULT, {"checkpoint": {"preemption_signal": "SIGUSR1"}},
@@ -185,8 +182,8 @@ def test_each_setting_is_applied_or_refused_on_each_path(key, path, tmp_path):
      "parallel: {stages: balanced}\n", "training.average_every", settings.SPLIT),
     ("parallel: {stages: balanced}\ntraining: {gradient_accumulation_steps: 2}\n",
      "training.gradient_accumulation_steps", settings.SPLIT),
-    ("cluster: {worker: 2}\nparallel: {stages: balanced}\ntraining: {shard_optimizer: true}\n",
-     "training.shard_optimizer", settings.SPLIT),
+    ("cluster: {worker: 2}\nparallel: {stages: balanced}\ntraining: {zero_stage: 1}\n",
+     "training.zero_stage", settings.SPLIT),
 ])
 def test_the_other_paths_refuse_in_one_line_and_check_says_so(write_config, text, key, path):
   import subprocess

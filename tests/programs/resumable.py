@@ -18,7 +18,7 @@ LATE_STACKS=S a task whose fit goes S seconds without a batch's or an epoch's en
 first epoch, its end included, writes every thread's stack to its log (faulthandler), and a
 fit still running S seconds after its last epoch's end writes its native stacks too (py-spy
 dump --native, where py-spy is installed). A
-sharded optimizer (training.shard_optimizer) prints `SHARDED <bytes>`, what
+sharded optimizer (training.zero_stage) prints `SHARDED <bytes>`, what
 this task held beyond the weights (every variable of the process)."""
 
 import json
@@ -176,7 +176,7 @@ if __name__ == "__main__":
   for waiter in filter(None, _NATIVE_WAITER):
     if waiter.poll() is None:
       os.killpg(waiter.pid, signal.SIGKILL)
-  if hasattr(model.optimizer, "tfdist_shards"):  # training.shard_optimizer
+  if hasattr(model.optimizer, "tfdist_shards"):  # training.zero_stage
     from tfdist.testing import held_beyond_weights
     print(f"SHARDED {max(held_beyond_weights(model).values())}", flush=True)
   print("RESULT " + json.dumps([np.asarray(w).tolist() for w in model.get_weights()]),

@@ -51,9 +51,7 @@ def main(replicas: str, mode: str, saved: str = "") -> None:
       "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
       "training": {"global_batch_size": 96, "epochs": 2, "mixed_precision": "off",
                    "steps_per_execution": 1, "fused_optimizer": False,
-                   "shard_optimizer": mode != "off",
-                   "shard_gradients": mode in ("gradients", "parameters"),
-                   "shard_parameters": mode == "parameters"}}
+                   "zero_stage": {"off": 0, "optimizer": 1, "gradients": 2, "parameters": 3}[mode]}}
   x, y = custom_loop.data()
   with traced.collectives() as collectives:
     model = tfdist.fit(model_fn, x[:192], y[:192], config=config, shuffle=False, verbose=0,

@@ -4,7 +4,7 @@ writes the weights to an .npz file.
 
 With PREEMPT, the process sends itself SIGTERM when the first epoch ends: tfdist saves the
 backup and exits 42, as under a preemption. STAGE=2 in the environment shards the gradients
-too (`training.shard_gradients`), STAGE=3 the weights as well (`training.shard_parameters`).
+too (`training.zero_stage: 2`), STAGE=3 the weights as well (`training.zero_stage: 3`).
 
 Usage: sharded_resume.py LOGICAL_CPUS EPOCHS CHECKPOINT_DIR OUT.npz [PREEMPT]"""
 
@@ -18,9 +18,7 @@ def config(logical_cpus: int, epochs: int, checkpoint_dir: str) -> dict:
   return {"strategy": "mirrored", "devices": {"logical_cpus": logical_cpus},
           "checkpoint": {"dir": checkpoint_dir},
           "training": {"global_batch_size": 96, "epochs": epochs, "mixed_precision": "off",
-                       "steps_per_execution": 1, "shard_optimizer": True,
-                       "shard_gradients": os.environ.get("STAGE") in ("2", "3"),
-                       "shard_parameters": os.environ.get("STAGE") == "3"}}
+                       "steps_per_execution": 1, "zero_stage": int(os.environ.get("STAGE") or 1)}}
 
 
 def model_fn():

@@ -51,9 +51,7 @@ def main(replicas: str, mode: str, model: str = "mlp") -> None:
             "strategy": "mirrored", "devices": {"logical_cpus": int(replicas)},
             "training": {"global_batch_size": 32, "epochs": 1, "mixed_precision": "off",
                          "steps_per_execution": 1, "fused_optimizer": False,
-                         "shard_optimizer": mode != "off",
-                         "shard_gradients": mode in ("gradients", "parameters"),
-                         "shard_parameters": mode == "parameters"}}
+                         "zero_stage": {"off": 0, "optimizer": 1, "gradients": 2, "parameters": 3}[mode]}}
   rng = np.random.default_rng(0)
   x = rng.normal(size=(64, 1024)).astype("float32")
   y = rng.integers(0, 8, size=(64,))

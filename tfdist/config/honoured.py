@@ -8,7 +8,7 @@ decision whose checks name no existing test, fails. No TensorFlow.
 
 ```python
 from tfdist.config import honoured
-honoured.DECISIONS["training.shard_optimizer"].refused[honoured.SPLIT]   # why a split refuses it
+honoured.DECISIONS["training.zero_stage"].refused[honoured.SPLIT]   # why a split refuses it
 honoured.refusal(config, (honoured.FIT, honoured.SPLIT))                 # (key, path, why) or None
 ```
 """
@@ -258,18 +258,14 @@ DECISIONS: dict[str, Decision] = {
                         "before one update", **_keras()},
         checked_by=("test_fit.py::test_single_machine_strategies_equal_one_device",
                     "test_custom_loop.py::test_the_configs_accumulation_and_precision_apply_to_the_loop")),
-    "training.shard_optimizer": Decision(
-        "each replica keeps the optimizer's state for 1/N of the weights (ZeRO stage 1)",
+    "training.zero_stage": Decision(
+        "each replica keeps 1/N of the optimizer's state (ZeRO stage 1), of the reduced "
+        "gradients too (2, a reduce-scatter) and of the weights too (3, gathered a bucket at "
+        "a time each step)",
         **_SHARDING,
-        checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras",)),
-    "training.shard_gradients": Decision(
-        "each replica reduces only its shard of the gradients, a reduce-scatter (ZeRO stage 2)",
-        **_SHARDING,
-        checked_by=("test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",)),
-    "training.shard_parameters": Decision(
-        "each replica holds 1/N of the weights, gathered a bucket at a time each step (ZeRO stage 3)",
-        **_SHARDING,
-        checked_by=("test_sharded_optimizer.py::test_stage_3_equals_plain_keras_and_each_device_holds_one_nth",)),
+        checked_by=("test_sharded_optimizer.py::test_each_device_holds_half_the_slots_and_the_weights_are_plain_keras",
+                    "test_sharded_optimizer.py::test_stage_2_equals_plain_keras_and_holds_one_nth_of_the_reduced_gradients",
+                    "test_sharded_optimizer.py::test_stage_3_equals_plain_keras_and_each_device_holds_one_nth")),
     "training.gradient_compression": Decision(
         "the gradients' all-reduce in bfloat16 or float16, the update in float32",
         needs=Needs("compression", "needs strategy {supporting}, not {name}: only they "

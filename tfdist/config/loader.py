@@ -302,7 +302,7 @@ def _parse(document: Any, name: str | None) -> Config:
   if not isinstance(document, Mapping):
     raise ConfigError("must be a mapping of sections (cluster, task, strategy, ...)",
                       received=document)
-  document = _moved_to_training(_drop_tf_config_extras(document))
+  document = _zero_stage_from_flags(_moved_to_training(_drop_tf_config_extras(document)))
   kwargs: dict[str, Any] = {"source": name}
   for key, value in document.items():
     if key not in SECTIONS:
@@ -347,6 +347,42 @@ def _moved_to_training(document: Mapping) -> Mapping:
                   FutureWarning, stacklevel=4)
   return {**document, "training": training,
           "strategy": {k: v for k, v in strategy.items() if k not in MOVED_TO_TRAINING}}
+
+
+ZERO_FLAGS = ("shard_optimizer", "shard_gradients", "shard_parameters")
+"""0.1's spelling of `training.zero_stage`: a boolean a stage, each needing the one before;
+read with a notice until 0.2."""
+
+
+def _zero_stage_from_flags(document: Mapping) -> Mapping:
+  """`document` with `training.shard_*` (`ZERO_FLAGS`) read as `training.zero_stage`, after
+  a one-line notice (FutureWarning).
+
+  Raises:
+    ConfigError: a flag without the one before it, a flag not a boolean, or both spellings
+      given, differently.
+  """
+  training = document.get("training")
+  if not isinstance(training, Mapping) or not set(ZERO_FLAGS) & set(training):
+    return document
+  stage = 0
+  for number, key in enumerate(ZERO_FLAGS, start=1):
+    value = training.get(key, False)
+    if not isinstance(value, bool):
+      raise ConfigError("must be true or false", key=f"training.{key}", received=value)
+    if value and stage != number - 1:
+      raise ConfigError(f"needs training.{ZERO_FLAGS[number - 2]}: true (stage {number} "
+                        f"shards on top of stage {number - 1}); or give training.zero_stage: "
+                        f"{number}", key=f"training.{key}", received=True)
+    stage = number if value else stage
+  given = ", ".join(f"{k}: {str(training[k]).lower()}" for k in ZERO_FLAGS if k in training)
+  if training.get("zero_stage", stage) != stage:
+    raise ConfigError(f"must be given alone; {given} is its old spelling (stage {stage})",
+                      key="training.zero_stage", received=training["zero_stage"])
+  warnings.warn(f"training.{{{given}}} is now training.zero_stage: {stage}; the old spelling "
+                "goes in 0.2", FutureWarning, stacklevel=4)
+  return {**document, "training": {**{k: v for k, v in training.items() if k not in ZERO_FLAGS},
+                                   "zero_stage": stage}}
 
 
 def _drop_tf_config_extras(document: Mapping) -> Mapping:

@@ -148,21 +148,13 @@ def _check_training(config: Config) -> None:
   if signal_name != "SIGTERM" and not config.checkpoint.dir:
     raise ConfigError("needs checkpoint.dir: a preemption notice saves each task's backup "
                       "there", key="checkpoint.preemption_signal", received=signal_name)
-  if training.shard_gradients and not training.shard_optimizer:
-    raise ConfigError("needs training.shard_optimizer: true (stage 2 reduces each replica's "
-                      "shard of the gradients for its shard of the optimizer's state)",
-                      key="training.shard_gradients", received=True)
-  if training.shard_parameters and not training.shard_gradients:
-    raise ConfigError("needs training.shard_gradients: true (stage 3 updates each replica's "
-                      "shard of the weights from its reduce-scattered shard of the gradients)",
-                      key="training.shard_parameters", received=True)
-  if training.shard_parameters and training.gradient_accumulation_steps > 1:
+  if training.zero_stage == 3 and training.gradient_accumulation_steps > 1:
     # The run's own refusal of a model (sharded_parameters.refusal) says it too; here the
     # config says it first, so `tfdist check` refuses what training would.
-    raise ConfigError("cannot be combined with training.gradient_accumulation_steps above 1: "
-                      "gradient accumulation keeps a whole accumulator of every weight on "
-                      "every replica", key="training.shard_parameters", received=True)
-  if training.shard_optimizer:
+    raise ConfigError("stage 3 cannot be combined with training.gradient_accumulation_steps "
+                      "above 1: gradient accumulation keeps a whole accumulator of every "
+                      "weight on every replica", key="training.zero_stage", received=3)
+  if training.zero_stage:
     _check_sharding(config)
   if training.global_batch_size is not None and training.per_replica_batch_size is not None:
     raise ConfigError("give global_batch_size or per_replica_batch_size, not both",
@@ -180,7 +172,7 @@ def _check_sharding(config: Config) -> None:
     if getattr(config.training, key) not in ("none", 0):
       raise ConfigError(f"cannot be combined with training.{key}: the shards are updated from "
                         "gradients all-reduced in their own dtype every step",
-                        key="training.shard_optimizer", received=True)
+                        key="training.zero_stage", received=config.training.zero_stage)
 
 
 def _check_devices(config: Config) -> None:

@@ -264,18 +264,17 @@ class TrainingConfig:
       (`tfdist.machine.speed`). Output layers stay float32. float16 is refused under
       central_storage, where Keras's loss scaling fails.
     gradient_accumulation_steps: apply the optimizer once every this many batches.
-    shard_optimizer: keep each replica's optimizer state for 1/N of the weights only (ZeRO
-      stage 1) under mirrored and multi_worker_mirrored: Adam's moments take 1/N of the bytes
-      on each replica, the weights are the unsharded run's, and files stay whole
-      (`tfdist.training.sharded_optimizer`).
-    shard_gradients: also shard the gradients (ZeRO stage 2; needs `shard_optimizer`): each
-      replica receives only its shard of the summed gradients (a reduce-scatter, half an
-      all-reduce's traffic) instead of the whole sum, so the reduced gradients take 1/N of the
-      bytes on each replica; the weights are the unsharded run's.
-    shard_parameters: also shard the weights (ZeRO stage 3; needs `shard_gradients`): each
-      replica holds 1/N of the trainable weights, gathered a bucket (about 1 MiB) at a time for
-      each step, each freed once the backward pass is past it, and updated shard by shard; `tfdist.fit` gives the model its whole weights back when it
-      ends (`tfdist.training.sharded_parameters`).
+    zero_stage: the ZeRO stage (arXiv 1910.02054; DeepSpeed's `zero_optimization.stage`,
+      one number here beside the other training keys) under mirrored and
+      multi_worker_mirrored, each stage sharding one more thing over the N replicas: 1, the
+      optimizer's state (Adam's moments take 1/N of the bytes on each replica; files stay
+      whole: `tfdist.training.sharded_optimizer`); 2, also the gradients (each replica
+      receives only its shard of their sum, a reduce-scatter, half an all-reduce's traffic);
+      3, also the weights (each replica holds 1/N of them, gathered a bucket, about 1 MiB, at a
+      time for each step, and the model `tfdist.fit` returns keeps them sharded:
+      `tfdist.training.sharded_parameters`). 0 (the default) shards nothing. The weights are
+      the unsharded run's at every stage. Spelled as three booleans (`shard_optimizer`,
+      `shard_gradients`, `shard_parameters`) in 0.1 (read, with a notice, until 0.2).
     gradient_compression: all-reduce gradients in bfloat16 or float16 (half the bytes over the
       network; the sum is rounded to that precision, as Horovod's fp16 compression) under
       mirrored and multi_worker_mirrored; none keeps them in their own dtype. Spelled
@@ -298,9 +297,7 @@ class TrainingConfig:
   fused_optimizer: bool = False
   mixed_precision: Literal["off", "auto", "bfloat16", "float16"] = "auto"
   gradient_accumulation_steps: int = _field(1, _POSITIVE)
-  shard_optimizer: bool = False
-  shard_gradients: bool = False
-  shard_parameters: bool = False
+  zero_stage: int = _field(0, rule(lambda v: 0 <= v <= 3, "must be 0, 1, 2 or 3"))
   gradient_compression: Literal["none", "bfloat16", "float16"] = "none"
   average_every: int = _field(0, _NON_NEGATIVE)
   scale_learning_rate: bool = False

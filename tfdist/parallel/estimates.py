@@ -189,12 +189,11 @@ def estimate_memory(model, batch: int, devices: int, stages: list[int] | None = 
 # tried (the first that fits is recommended): key, table label, words, the settings turning it on.
 STAGE_ROWS = (
     ("sharded", "  optimizer sharded", "the optimizer's state sharded",
-     "training.shard_optimizer"),
+     "training.zero_stage: 1"),
     ("sharded_gradients", "  + gradients sharded",
-     "the optimizer's state and the gradients sharded",
-     "training.shard_optimizer and training.shard_gradients"),
+     "the optimizer's state and the gradients sharded", "training.zero_stage: 2"),
     ("sharded_parameters", "  + weights sharded", "the weights sharded too",
-     "training.shard_optimizer, training.shard_gradients and training.shard_parameters"),
+     "training.zero_stage: 3"),
 )
 
 
@@ -218,7 +217,7 @@ def recommend(plan: dict, capacity: int | None) -> str:
     key, words, settings = chosen[0]
     only = " (no stage before it does)" if len(fitting) == 1 and key == STAGE_ROWS[-1][0] \
         else ""
-    return (f"data parallel with {words} ({settings}: true) fits{only}: "
+    return (f"data parallel with {words} ({settings}) fits{only}: "
             f"{_mib(plan[key].total)} each, {_mib(data.total - plan[key].total)} less than "
             "unsharded")
   said = "; ".join(passed_over)

@@ -40,9 +40,7 @@ APPLIERS = {
     "training.mixed_precision": "precision",
     "training.fused_optimizer": "install_on_optimizer",
     "training.gradient_accumulation_steps": "install_on_optimizer",
-    "training.shard_optimizer": "install_on_optimizer",
-    "training.shard_gradients": "install_on_optimizer",
-    "training.shard_parameters": "shard_parameters",
+    "training.zero_stage": "install_on_optimizer",
     "training.gradient_compression": "install_on_optimizer",
     "training.average_every": "install_on_optimizer",
     "training.scale_learning_rate": "learning_rate_schedule",
@@ -295,7 +293,7 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   training = config.training
   # A sharded optimizer updates a shard held in no variable: Keras's own update, unfused.
-  fused = (training.fused_optimizer and not training.shard_optimizer and
+  fused = (training.fused_optimizer and not training.zero_stage and
            fused_updates.install(inner))
   compressed = config.training.gradient_compression
   if compressed != "none":
@@ -310,45 +308,48 @@ def install_on_optimizer(optimizer, strategy, config: Config, paths: tuple[str, 
     inner.gradient_accumulation_steps = training.gradient_accumulation_steps
     if LOOP in paths:  # tfdist.fit's step loop lays accumulation out itself (keras_fixes).
       keras_fixes.accumulate_outside_cond(inner, strategy)
-  if training.shard_optimizer:
-    _shard(optimizer, strategy, config, gradients=training.shard_gradients)
+  if training.zero_stage:
+    _shard(optimizer, strategy, config, training.zero_stage)
   keras_fixes.fix_optimizer_arguments(inner, strategy)  # Clipping, EMA: one device's meaning.
   return Installed(fused=type(inner).__name__ if fused else None,
                    accumulation=training.gradient_accumulation_steps, averaging=averaging)
 
 
-def _shard(optimizer, strategy, config: Config, gradients: bool) -> None:
+def _shard(optimizer, strategy, config: Config, stage: int) -> None:
+  """Stages 1 and 2 installed on `optimizer`; stage 3 marked there, for `shard_parameters`."""
   from tfdist.training import sharded_optimizer
-  why = sharded_optimizer.refusal(optimizer, gradients=gradients)
-  if why is None and getattr(optimizer, "inner_optimizer", optimizer).built:
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  why = sharded_optimizer.refusal(optimizer, gradients=stage >= 2)
+  if why is None and inner.built:
     why = "the optimizer was already built (shard it before its first step)"
   if why:
-    raise ConfigError(f"cannot shard this optimizer: {why}", key="training.shard_optimizer",
-                      received=type(getattr(optimizer, "inner_optimizer", optimizer)).__name__,
-                      source=config.source)
-  sharded_optimizer.install(optimizer, strategy, gradients=gradients)
+    raise ConfigError(f"cannot shard this optimizer: {why}", key="training.zero_stage",
+                      received=type(inner).__name__, source=config.source)
+  sharded_optimizer.install(optimizer, strategy, gradients=stage >= 2)
+  inner.tfdist_shards.parameters = stage == 3
 
 
 def shard_parameters(models, optimizer, strategy, config: Config) -> None:
   """Shards the trainable weights of the model `optimizer` updates (`models`, one) over the
-  replicas (ZeRO stage 3, `training.shard_parameters`) after `install_on_optimizer` installed
-  stage 2; nothing when the key is off.
+  replicas (ZeRO stage 3, `training.zero_stage: 3`) after `install_on_optimizer` installed
+  stage 2 and marked stage 3 on the optimizer; nothing below stage 3.
 
   Raises:
     ConfigError: naming the key, when the model or its optimizer cannot be sharded.
   """
-  if not config.training.shard_parameters:
+  shards = getattr(getattr(optimizer, "inner_optimizer", optimizer), "tfdist_shards", None)
+  if shards is None or not shards.parameters:
     return
   from tfdist.training import sharded_parameters
   if len(models) != 1:
     raise ConfigError(f"shards the weights of the one model an optimizer updates; this one "
-                      f"updates {len(models)} models' weights", key="training.shard_parameters",
-                      received=True, source=config.source)
+                      f"updates {len(models)} models' weights", key="training.zero_stage",
+                      received=3, source=config.source)
   model = models[0]
   why = sharded_parameters.refusal(model, optimizer)
   if why:
     raise ConfigError(f"cannot shard this model's weights: {why}",
-                      key="training.shard_parameters", received=True, source=config.source)
+                      key="training.zero_stage", received=3, source=config.source)
   sharded_parameters.install(model, optimizer, strategy)
 
 

@@ -14,7 +14,7 @@ gradients plus an all-gather of the weights. The shard of the weights being upda
 tensor inside the step (`_Shard`), not a variable: a replica holds nothing beyond its slots'
 shards, 1/N of the unsharded optimizer's state.
 
-Stage 2 (`gradients=True`, `training.shard_gradients`): Keras's all-reduce of the gradients is
+Stage 2 (`gradients=True`, `training.zero_stage: 2`): Keras's all-reduce of the gradients is
 left out, and each replica gets its shard of their sum by a reduce-scatter
 (`tfdist.training.reduce_scatter`: TensorFlow's AllToAll, summed as its ring all-reduce sums):
 the reduced gradients take 1/N of the bytes, and a replica sends (N-1)/N of them instead of
@@ -29,7 +29,7 @@ Under multi_worker_mirrored every worker must save at once (gathering is a colle
 Keras already asks of a multi-worker save.
 
 ```yaml
-training: {shard_optimizer: true}
+training: {zero_stage: 1}
 strategy: multi_worker_mirrored
 ```
 """
@@ -76,7 +76,7 @@ def refusal(optimizer, gradients: bool = False) -> str | None:
             f"{', '.join(SHARDABLE)}")
   if name == "SGD" and not inner.momentum and not gradients:
     return ("SGD without momentum keeps no state to shard (its gradients can be: "
-            "training.shard_gradients: true)")
+            "training.zero_stage: 2)")
   if getattr(inner, "use_ema", False):
     return "an optimizer with use_ema keeps whole averages of every weight on every replica"
   return None
@@ -147,10 +147,10 @@ def describe(optimizer, variables) -> str | None:
   n = state.replicas
   saved = state.slots_per_weight * weights * (n - 1) / n
   words = (f"{type(inner).__name__}'s state sharded over {n} replicas, "
-           f"{saved / 2**20:.2f} MiB less on each (training.shard_optimizer: false)")
+           f"{saved / 2**20:.2f} MiB less on each (training.zero_stage: 0)")
   if state.scatter:
     words += (f"; gradients reduce-scattered, {weights * (n - 1) / n / 2**20:.2f} MiB of "
-              "reduced gradients less on each (training.shard_gradients: false)")
+              "reduced gradients less on each (training.zero_stage: 1)")
   return words
 
 
@@ -192,6 +192,7 @@ class _Shards:
   def __init__(self, optimizer, strategy, scatter: bool = False):
     self.optimizer, self.strategy, self.scatter = optimizer, strategy, scatter
     self.held = None  # Stage 3's `sharded_parameters.Parameters`: the weights' own shards.
+    self.parameters = False  # Stage 3 asked for (`settings.shard_parameters` installs it).
     self.replicas = strategy.num_replicas_in_sync
     ids = strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
@@ -210,7 +211,7 @@ class _Shards:
     BaseOptimizer.build(optimizer, variables)
     dtypes = {v.dtype for v in variables}
     if len(dtypes) != 1:
-      raise ValueError(f"training.shard_optimizer: the trainable variables must share one dtype "
+      raise ValueError(f"training.zero_stage: the trainable variables must share one dtype "
                        f"to be laid end to end; received {sorted(dtypes)}")
     self.shapes = [tuple(v.shape) for v in variables]
     self.sizes = [int(np.prod(s)) for s in self.shapes]
@@ -254,7 +255,7 @@ class _Shards:
     grads = [g for g, _ in grads_and_vars]
     variables = [v for _, v in grads_and_vars]
     if len(variables) != len(self.sizes):
-      raise ValueError("training.shard_optimizer: every trainable variable needs a gradient "
+      raise ValueError("training.zero_stage: every trainable variable needs a gradient "
                        f"each step; {len(self.sizes) - len(variables)} had none")
     # Adam's bias correction counts updates: Keras's `iterations` divides the batches counted
     # by the accumulation steps, the shard optimizer's the same.
@@ -465,7 +466,7 @@ class _Shards:
   def load(self, store, own_first) -> None:
     order = self.order
     if len(store.keys()) != len(own_first) + len(order):
-      raise ValueError(f"training.shard_optimizer: the saved optimizer has {len(store.keys())} "
+      raise ValueError(f"training.zero_stage: the saved optimizer has {len(store.keys())} "
                        f"variables; this one, unsharded, has {len(own_first) + len(order)}")
     for i, v in enumerate(own_first):
       v.assign(store[str(i)])

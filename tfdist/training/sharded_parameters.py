@@ -29,7 +29,7 @@ ordinary variables) holds the whole weights in host memory for its length (`whol
 `materialise` makes them ordinary variables again for good.
 
 ```yaml
-training: {shard_optimizer: true, shard_gradients: true, shard_parameters: true}
+training: {zero_stage: 3}
 strategy: multi_worker_mirrored
 ```
 """
@@ -129,7 +129,7 @@ def _compile_whole(compile_method, model, *args, **kwargs):
   """Keras's `model.compile` of a model with sharded weights: a new optimizer (Keras's
   transfer-learning guide compiles again after unfreezing, so the trainable weights change)
   knows no shards, so the weights are made whole first (`materialise`), said in one line."""
-  print("tfdist: compile after a sharded fit (training.shard_parameters): the weights are "
+  print("tfdist: compile after a sharded fit (training.zero_stage: 3): the weights are "
         "whole again on every replica; Keras's own fit trains them unsharded, tfdist.fit "
         "shards them again", flush=True)
   materialise(model)
@@ -151,7 +151,7 @@ def whole_weights(model):
   collectives under multi_worker_mirrored). Nothing when the weights are not sharded.
 
   Args:
-    model: a model `install` sharded (`tfdist.fit` with `training.shard_parameters`).
+    model: a model `install` sharded (`tfdist.fit` with `training.zero_stage: 3`).
 
   Example:
 
@@ -215,7 +215,7 @@ def describe(model) -> str | None:
   return (f"weights sharded over {held.replicas} replicas, "
           f"{(whole - held.size * held.itemsize) / 2**20:.2f} MiB less on each, gathered in "
           f"{buckets} bucket{'s' if buckets > 1 else ''} a step "
-          "(training.shard_parameters: false)")
+          "(training.zero_stage: 2)")
 
 
 class Parameters:

@@ -1,5 +1,5 @@
-"""What a replica holds at its step's peak under each ZeRO stage (`training.shard_optimizer`,
-`shard_gradients`, `shard_parameters`), from the unsharded replica's estimate
+"""What a replica holds at its step's peak under each ZeRO stage (`training.zero_stage`),
+from the unsharded replica's estimate
 (`tfdist.parallel.estimate_memory`): the rows `tfdist estimate` prints and recommends from.
 
 Each stage's step holds the replica's whole gradients (the tape returns them whole), then, in

@@ -62,8 +62,8 @@ def main(out: str) -> int:
                      any("Troubleshooting" in r or "hang" in r.lower() for r in results)))
       page.screenshot(path=str(out_dir / "search.png"))
       page.goto(base + "/reference/config/")
-      checks.append(("the config reference lists training.shard_optimizer",
-                     "training.shard_optimizer" in page.inner_text("article")))
+      checks.append(("the config reference lists training.zero_stage",
+                     "training.zero_stage" in page.inner_text("article")))
       page.screenshot(path=str(out_dir / "config-reference.png"))
       page.goto(base + "/reference/api/")
       checks.append(("the API reference renders tfdist.fit's arguments",
