@@ -333,3 +333,28 @@ def test_a_stop_signals_the_servers_only_once_the_trainers_ended(tmp_path):
     started.append(processes.Running(plan, process, pump))
   processes.stop(started, grace_period=30)
   assert [r.process.returncode for r in started] == [1, 42]  # Saved before the server's signal.
+
+
+def test_a_stop_asked_by_a_signal_gives_the_grace_period_whatever_the_heartbeat_says(tmp_path):
+  """A task whose heartbeat still says "starting" (or has none yet) saves in the grace period
+  of a stop signal to the launcher: SIGKILLed at once, a preempted worker lost its save (a
+  suite's run on 2 loaded cores: 143, not 42). A stop of the launcher's own (a failure, the
+  start-up deadline) still kills such a cluster at once."""
+  from tfdist.launch import processes
+  from tfdist.launch.plan import ProcessPlan
+  saver = ("import signal, sys, time\n"
+           "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(42)))\n"
+           "print('up', flush=True)\ntime.sleep(60)\n")
+
+  def started():
+    plan = ProcessPlan(None, (sys.executable, "-c", saver), (), str(tmp_path / "log"), False,
+                       None)
+    process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout.readline() == b"up\n"
+    pump = threading.Thread(target=process.stdout.read)
+    pump.start()
+    return [processes.Running(plan, process, pump)]
+  asked, own = started(), started()
+  processes.stop(asked, grace_period=30, asked=True)
+  processes.stop(own, grace_period=30)
+  assert (asked[0].process.returncode, own[0].process.returncode) == (42, -signal.SIGKILL)

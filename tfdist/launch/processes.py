@@ -66,16 +66,18 @@ def _exit_code(process, wait_s: float = 5.0) -> int | None:
     return None
 
 
-def stop(running: Sequence[Running], grace_period: float, signum: int = signal.SIGTERM) -> None:
+def stop(running: Sequence[Running], grace_period: float, signum: int = signal.SIGTERM,
+         asked: bool = False) -> None:
   """`signum` (SIGTERM) to each task's process group, SIGKILL to what is left after
   `grace_period` seconds (a preempted task saves its backup in it). The trainers are signalled
   first and the servers (a parameter-server cluster's worker and ps tasks) once the trainers
   ended: the chief saves its backup from the variables the servers hold and through their
   workers, so a server must outlive it whatever it does with the signal. A cluster none of
   whose tasks began training (a missing peer, the start-up deadline) has no backup to save: no
-  grace period."""
+  grace period, unless the stop was `asked` for (a stop signal to the launcher): then always,
+  a heartbeat being no proof that a task has nothing to save."""
   alive = [r for r in running if r.process.poll() is None]
-  began = any(began_training(r) for r in alive if not r.plan.serves)
+  began = asked or any(began_training(r) for r in alive if not r.plan.serves)
   deadline = time.monotonic() + (grace_period if began else 0)
   for group in ([r for r in alive if not r.plan.serves], [r for r in alive if r.plan.serves]):
     for r in group:

@@ -161,7 +161,7 @@ class Supervisor:
     if running:
       self.say(f"{name} received: forwarded to every task, which may save its backup; "
                f"SIGKILL after {self.limits.grace_period:g} s (--grace-period)")
-      processes.stop(running, self.limits.grace_period, self._stop_signal)
+      processes.stop(running, self.limits.grace_period, self._stop_signal, asked=True)
     saved = bool(running) and all(r.process.poll() == PREEMPTED for r in running
                                   if not r.plan.serves)
     return StopAsked(name, self._stop_signal, saved)
