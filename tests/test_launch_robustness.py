@@ -358,3 +358,19 @@ def test_a_stop_asked_by_a_signal_gives_the_grace_period_whatever_the_heartbeat_
   processes.stop(asked, grace_period=30, asked=True)
   processes.stop(own, grace_period=30)
   assert (asked[0].process.returncode, own[0].process.returncode) == (42, -signal.SIGKILL)
+
+
+def test_the_root_cause_is_the_failed_task_whose_output_ended_first():
+  """Two failed tasks seen at once (a loaded launcher looked late): the one that ended first
+  is the cause, not the first in the plan's order. Before, a survivor's collective error
+  (worker-0, a second after worker-2 died) was named the root cause and cost a restart."""
+  from tfdist.launch import processes
+  from tfdist.launch.plan import ProcessPlan
+
+  def task(name, ended_at):
+    plan = ProcessPlan(None, (name,), (), name, False, None)
+    return processes.Running(plan, None, None, ended_at)
+  survivor, lost, writing = task("worker-0", 12.5), task("worker-2", 11.0), task("worker-1", None)
+  assert processes.first_to_end([survivor, writing, lost]) is lost
+  assert processes.first_to_end([writing, survivor]) is survivor
+  assert processes.first_to_end([]) is None

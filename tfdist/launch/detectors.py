@@ -93,10 +93,10 @@ class Watch:
     # not the heartbeat, judges that phase.
     starting = bool(self.waiting)
     frozen = None if starting else processes.frozen(running, self.limits.heartbeat_timeout)
-    failed = next((r for r in running if not r.plan.serves and
-                   r.process.poll() not in (None, 0)), None)
-    failed = failed or next((r for r in running if r.plan.serves and
-                             r.process.poll() not in (None, 0)), None)
+    failed = processes.first_to_end([r for r in running if not r.plan.serves and
+                                     r.process.poll() not in (None, 0)])
+    failed = failed or processes.first_to_end([r for r in running if r.plan.serves and
+                                               r.process.poll() not in (None, 0)])
     if failed is not None and failed.process.poll() == PREEMPTED and frozen is None:
       self.output.say(f"{failed.plan.name} saved its backup after a preemption notice (exit "
                       f"code {PREEMPTED}); waiting up to {self.limits.grace_period:g} s for "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -24,10 +25,13 @@ from tfdist.progress import Phase
 
 @dataclasses.dataclass
 class Running:
-  """One started task: its plan, its process (or a backend's Popen-like), its output's pump."""
+  """One started task: its plan, its process (or a backend's Popen-like), its output's pump,
+  and when its output ended (monotonic; None while it runs): the nearest the launcher sees
+  its exit, whenever its own loop next looks."""
   plan: ProcessPlan
   process: subprocess.Popen
-  pump: threading.Thread
+  pump: threading.Thread | None
+  ended_at: float | None = None
 
 
 def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Popen],
@@ -49,13 +53,24 @@ def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Pope
   with contextlib.suppress(FileNotFoundError):
     os.remove(heartbeat(p))  # A beat of an earlier start.
   process = start_process(p)
-  pump = threading.Thread(target=output.pump, daemon=True,
-                          args=(p.name, process.stdout, p.log, shown, peer_failed,
-                                functools.partial(_exit_code, process)))
-  pump.start()
+  running = Running(p, process, None)
+
+  def pump_to_its_end():
+    output.pump(p.name, process.stdout, p.log, shown, peer_failed,
+                functools.partial(_exit_code, process))
+    running.ended_at = time.monotonic()
+  running.pump = threading.Thread(target=pump_to_its_end, daemon=True)
+  running.pump.start()
   output.say(f"{p.name} started (pid {process.pid})" +
              (f" at {p.address}" if p.address else "") + f", log {p.log}")
-  return Running(p, process, pump)
+  return running
+
+
+def first_to_end(tasks: Sequence[Running]) -> Running | None:
+  """The task of `tasks` whose output ended first (one still writing, or never pumped, after
+  every ended one, in their order): under load the launcher may look only once several have
+  exited, and the one that died first is the cause of the others' collective errors."""
+  return min(tasks, key=lambda r: math.inf if r.ended_at is None else r.ended_at, default=None)
 
 
 def _exit_code(process, wait_s: float = 5.0) -> int | None:
