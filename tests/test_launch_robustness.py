@@ -306,13 +306,24 @@ def test_a_task_whose_input_delivered_gets_the_grace_period_though_its_beat_says
 
 
 
+def _running(tmp_path, code: str, serves: bool = False, env=()):
+  """`python -c code` as a launched task (`processes.Running`) once it printed `up`."""
+  from tfdist.launch import processes
+  from tfdist.launch.plan import ProcessPlan
+  plan = ProcessPlan(None, (sys.executable, "-c", code), env, str(tmp_path / "log"), serves, None)
+  process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, start_new_session=True)
+  assert process.stdout.readline() == b"up\n"
+  pump = threading.Thread(target=process.stdout.read)
+  pump.start()
+  return processes.Running(plan, process, pump)
+
+
 def test_a_stop_signals_the_servers_only_once_the_trainers_ended(tmp_path):
   """A parameter-server cluster's chief saves its backup from the variables its servers hold:
   a stop that signalled every task at once left a server that died of the signal under the
   chief's save (`Socket closed`; the launch ended 143, not 42: once in a suite on 2 cores)."""
   from tfdist.launch import processes
   from tfdist.launch.liveness import HEARTBEAT_ENV
-  from tfdist.launch.plan import ProcessPlan
   saved, beat = tmp_path / "saved", tmp_path / "trainer.heartbeat"
   beat.write_text('{"phase": "call"}')  # It began training: the grace period holds.
   trainer = ("import pathlib, signal, time\n"
@@ -322,15 +333,8 @@ def test_a_stop_signals_the_servers_only_once_the_trainers_ended(tmp_path):
   server = ("import os, pathlib, signal, time\n"  # Says whether the save was made when signalled.
             f"signal.signal(signal.SIGTERM, lambda *_: os._exit(pathlib.Path({str(saved)!r})"
             ".exists()))\nprint('up', flush=True)\ntime.sleep(60)\n")
-  started = []
-  for code, serves, env in ((server, True, ()), (trainer, False, ((HEARTBEAT_ENV, str(beat)),))):
-    plan = ProcessPlan(None, (sys.executable, "-c", code), env, str(tmp_path / "log"), serves,
-                       None)
-    process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, start_new_session=True)
-    assert process.stdout.readline() == b"up\n"
-    pump = threading.Thread(target=process.stdout.read)
-    pump.start()
-    started.append(processes.Running(plan, process, pump))
+  started = [_running(tmp_path, server, serves=True),
+             _running(tmp_path, trainer, env=((HEARTBEAT_ENV, str(beat)),))]
   processes.stop(started, grace_period=30)
   assert [r.process.returncode for r in started] == [1, 42]  # Saved before the server's signal.
 
@@ -341,20 +345,10 @@ def test_a_stop_asked_by_a_signal_gives_the_grace_period_whatever_the_heartbeat_
   suite's run on 2 loaded cores: 143, not 42). A stop of the launcher's own (a failure, the
   start-up deadline) still kills such a cluster at once."""
   from tfdist.launch import processes
-  from tfdist.launch.plan import ProcessPlan
   saver = ("import signal, sys, time\n"
            "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(42)))\n"
            "print('up', flush=True)\ntime.sleep(60)\n")
-
-  def started():
-    plan = ProcessPlan(None, (sys.executable, "-c", saver), (), str(tmp_path / "log"), False,
-                       None)
-    process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, start_new_session=True)
-    assert process.stdout.readline() == b"up\n"
-    pump = threading.Thread(target=process.stdout.read)
-    pump.start()
-    return [processes.Running(plan, process, pump)]
-  asked, own = started(), started()
+  asked, own = [_running(tmp_path, saver)], [_running(tmp_path, saver)]
   processes.stop(asked, grace_period=30, asked=True)
   processes.stop(own, grace_period=30)
   assert (asked[0].process.returncode, own[0].process.returncode) == (42, -signal.SIGKILL)
