@@ -368,3 +368,6 @@ def test_the_root_cause_is_the_failed_task_whose_output_ended_first():
   assert processes.first_to_end([survivor, writing, lost]) is lost
   assert processes.first_to_end([writing, survivor]) is survivor
   assert processes.first_to_end([]) is None
+  # Ends within one look of the launcher's loop: the plan's order (worker-0 before worker-1).
+  together = [task("worker-0", 11.1), task("worker-1", 11.0)]
+  assert processes.first_to_end(together) is together[0]

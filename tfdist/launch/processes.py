@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import signal
 import subprocess
@@ -66,11 +65,19 @@ def start(p: ProcessPlan, start_process: Callable[[ProcessPlan], subprocess.Pope
   return running
 
 
+SAME_END_S = 0.2
+"""Two outputs ending this close are taken as one moment (twice the supervisor's 0.1 s loop)."""
+
+
 def first_to_end(tasks: Sequence[Running]) -> Running | None:
   """The task of `tasks` whose output ended first (one still writing, or never pumped, after
   every ended one, in their order): under load the launcher may look only once several have
   exited, and the one that died first is the cause of the others' collective errors."""
-  return min(tasks, key=lambda r: math.inf if r.ended_at is None else r.ended_at, default=None)
+  ended = [r.ended_at for r in tasks if r.ended_at is not None]
+  if not ended:
+    return tasks[0] if tasks else None
+  # Ends within one look of the launcher's loop are simultaneous: the plan's order then.
+  return next(r for r in tasks if r.ended_at is not None and r.ended_at - min(ended) <= SAME_END_S)
 
 
 def _exit_code(process, wait_s: float = 5.0) -> int | None:
