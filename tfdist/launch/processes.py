@@ -76,8 +76,8 @@ def first_to_end(tasks: Sequence[Running]) -> Running | None:
   ended = [r.ended_at for r in tasks if r.ended_at is not None]
   if not ended:
     return tasks[0] if tasks else None
-  # Ends within one look of the launcher's loop are simultaneous: the plan's order then.
-  return next(r for r in tasks if r.ended_at is not None and r.ended_at - min(ended) <= SAME_END_S)
+  first = min(ended)  # Ends within one look of the launcher's loop: the plan's order then.
+  return next(r for r in tasks if r.ended_at is not None and r.ended_at - first <= SAME_END_S)
 
 
 def _exit_code(process, wait_s: float = 5.0) -> int | None:

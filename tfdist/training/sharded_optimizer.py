@@ -534,7 +534,19 @@ def _showing_whole_state(optimizer_class: type) -> type:
       "__qualname__": optimizer_class.__qualname__})
 
 
-class _SlotView(_KerasVariable):
+class ReadWhole:
+  """A Keras variable whose value is gathered from shards on read (stage 3's weights, a slot's
+  view): a checkpoint saves the gathered value and restores it through `assign`."""
+
+  def _serialize_to_tensors(self):
+    return {"VARIABLE_VALUE": self.value}
+
+  def _restore_from_tensors(self, restored_tensors):
+    self.assign(restored_tensors["VARIABLE_VALUE"])
+    return self.value
+
+
+class _SlotView(ReadWhole, _KerasVariable):
   """One slot of one weight as the unsharded optimizer holds it (Adam's `velocity` of a
   kernel): its name, path, shape and dtype are Keras's; it holds nothing. Reading it gathers
   that slot's parts from the replicas' shards (every worker at once, as for a save);
@@ -561,10 +573,3 @@ class _SlotView(_KerasVariable):
 
   def _direct_assign(self, value):
     self._shards.write_slot_piece(self._key, value)
-
-  def _serialize_to_tensors(self):
-    return {"VARIABLE_VALUE": self.value}
-
-  def _restore_from_tensors(self, restored_tensors):
-    self.assign(restored_tensors["VARIABLE_VALUE"])
-    return self.value

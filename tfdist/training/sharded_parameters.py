@@ -391,7 +391,7 @@ def _sharded(variable_class: type) -> type:
   return type(f"Sharded{variable_class.__name__}", (_Sharded, variable_class), {})
 
 
-class _Sharded(_KerasVariable):
+class _Sharded(sharded_optimizer.ReadWhole, _KerasVariable):
   """A model's Keras variable whose value lives in the replicas' shards (`Parameters`): its
   name, shape, dtype, path and trainability are the variable's; reading it gives the gathered
   value (`handle` too: a GradientTape watches it), assigning it writes the shards. Mixed into
@@ -417,13 +417,6 @@ class _Sharded(_KerasVariable):
   @property
   def _shared_name(self):
     return self.name
-
-  def _serialize_to_tensors(self):
-    return {"VARIABLE_VALUE": self.value}
-
-  def _restore_from_tensors(self, restored_tensors):
-    self.assign(restored_tensors["VARIABLE_VALUE"])
-    return self.value
 
 
 def _step_graph():
